@@ -1,0 +1,50 @@
+# grouprl: two commands for a newcomer -- `make run` and `make test`.
+# Both create or refresh .venv idempotently: a second call installs nothing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.grouprl-installed
+BENCH_STAMP := $(VENV)/.grouprl-bench-installed
+RECIPE ?= recipes/default.yaml
+PYTEST_ARGS ?= -n 2
+
+.PHONY: setup run test test-all lint bench clean sandbox-deps
+
+setup: $(STAMP) sandbox-deps
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test]"
+	@touch $(STAMP)
+
+# bubblewrap gives the code sandbox a network namespace and a read-only filesystem.
+# Installed where we run as root; elsewhere `grouprl sandbox check` says what is missing.
+sandbox-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) || \
+	    echo "note: could not install bubblewrap; the sandbox falls back to unshare"; \
+	  else echo "note: bubblewrap not found; run 'grouprl sandbox check' for how to install it"; fi; }
+
+run: setup
+	$(BIN)/grouprl train -c $(RECIPE)
+
+test: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow"
+
+test-all: setup
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -c constraints.txt -e ".[test,bench]"
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python benchmarks/vs_trl.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis runs outputs

@@ -1,0 +1,1 @@
+"""Subcommands of the ``grouprl`` CLI, one module each (see ``grouprl.cli``)."""
