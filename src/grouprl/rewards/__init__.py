@@ -1,0 +1,80 @@
+"""Reward functions: pure Python, string in, float out (no torch, no trainer state).
+
+Every reward is registered in ``grouprl.registry.REWARDS`` with the signature
+``fn(completion: str, *, answer=None, **meta) -> float | None`` (``None`` = no opinion, e.g. the
+ground truth cannot be parsed; the trainer leaves such samples out of the group statistics):
+
+=============  ===========================================================================
+name           function
+=============  ===========================================================================
+accuracy       ``accuracy_reward`` (seed API; dispatches on ``task_type``)
+math           ``math_reward``: final-answer extraction + math-verify + relative tolerance
+exact          ``exact_match_reward``: normalised full match, no substring credit
+tool_call      ``tool_call_reward``: 0.5 name + 0.5 arguments; shaped / schema options
+code           ``code_reward`` (``grouprl.rewards.code``, sandboxed tests, k/n credit)
+format         ``format_reward``: think/tool-call tags (seed scoring, hardened)
+efficiency     ``efficiency_reward``: steps, length (DAPO overlong option), repetition
+safety         ``safety_reward`` (+ ``safety_report`` for the hits and their categories)
+robust         ``robust_reward``: accuracy with the seed's anti-hacking defences
+composite      ``composite_reward``: ``AgentRewardFunction`` total
+=============  ===========================================================================
+
+``make_reward_func`` turns any of them into a TRL ``reward_funcs`` callable; ``compute_score`` is the
+verl-style entry point. The public names are the seed's (section 5).
+"""
+
+from __future__ import annotations
+
+from grouprl.rewards.accuracy import accuracy_reward
+from grouprl.rewards.adapters import completion_text, compute_score, make_reward_func
+from grouprl.rewards.coherence import text_coherence
+from grouprl.rewards.composite import (
+    AgentRewardFunction,
+    RewardConfig,
+    WeightSchedule,
+    code_reward_config,
+    composite_reward,
+    format_first_schedule,
+    math_reward_config,
+    retrieval_reward_config,
+)
+from grouprl.rewards.efficiency import dapo_overlong_penalty, efficiency_reward
+from grouprl.rewards.exact import exact_match_reward
+from grouprl.rewards.format import format_reward
+from grouprl.rewards.math_answer import extract_answer, math_reward
+from grouprl.rewards.robust import robust_reward
+from grouprl.rewards.safety import SafetyHit, safety_report, safety_reward
+from grouprl.rewards.tool_call import parse_tool_call, tool_call_reward
+
+try:
+    from grouprl.rewards import code  # noqa: F401  (registers "code"; written by the sandbox module)
+except ImportError:
+    pass
+
+__all__ = [
+    "AgentRewardFunction",
+    "RewardConfig",
+    "SafetyHit",
+    "WeightSchedule",
+    "accuracy_reward",
+    "code_reward_config",
+    "completion_text",
+    "composite_reward",
+    "compute_score",
+    "dapo_overlong_penalty",
+    "efficiency_reward",
+    "exact_match_reward",
+    "extract_answer",
+    "format_first_schedule",
+    "format_reward",
+    "make_reward_func",
+    "math_reward",
+    "math_reward_config",
+    "parse_tool_call",
+    "retrieval_reward_config",
+    "robust_reward",
+    "safety_report",
+    "safety_reward",
+    "text_coherence",
+    "tool_call_reward",
+]

@@ -1,0 +1,178 @@
+"""Adapters: any reward as a TRL ``reward_funcs`` callable, or as a verl ``compute_score``.
+
+TRL 1.16's ``GRPOTrainer`` calls each reward function as::
+
+    reward_func(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                trainer_state=state, log_extra=..., log_metric=..., **dataset_columns)
+
+where each dataset column is a list with one value per completion, completions are strings or, for
+conversational data, lists of messages (``[{"role": "assistant", "content": ...}]``), and ``None``
+results become NaN. ``make_reward_func`` returns exactly that kind of callable (a picklable object whose
+``__name__`` is the reward's name). The dataset column ``answer`` (or its aliases ``ground_truth``,
+``solution``) becomes the per-sample ``answer=``; the other columns are passed by name. Training
+progress (``trainer_state.global_step / max_steps``) is passed as ``progress=`` to rewards that take it,
+so a ``WeightSchedule`` works under TRL.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from typing import Any
+
+from grouprl.errors import GroupRLError, RewardError
+from grouprl.registry import REWARDS
+
+ANSWER_ALIASES = ("answer", "ground_truth", "solution")
+_TRAINER_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
+
+
+def completion_text(completion: Any) -> str:
+    """A completion as text: strings as they are; chat messages joined from the assistant turns, with
+    ``reasoning_content`` as a think block and structured ``tool_calls`` as ``<tool_call>{json}</tool_call>``
+    (tool and user turns are left out: their text is not the policy's)."""
+    if isinstance(completion, str):
+        return completion
+    if completion is None:
+        return ""
+    messages = [completion] if isinstance(completion, dict) else completion
+    if not isinstance(messages, (list, tuple)):
+        return str(completion)
+    parts: list[str] = []
+    for m in messages:
+        if not isinstance(m, dict):
+            parts.append(str(m))
+            continue
+        if m.get("role", "assistant") != "assistant":
+            continue
+        if m.get("reasoning_content"):
+            parts.append(f"<think>{m['reasoning_content']}</think>")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+        if content:
+            parts.append(str(content))
+        for call in m.get("tool_calls") or []:
+            fn = call.get("function", call) if isinstance(call, dict) else {}
+            args = fn.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    pass
+            parts.append(
+                "<tool_call>" + json.dumps({"name": fn.get("name"), "arguments": args}) + "</tool_call>"
+            )
+    return "\n".join(parts)
+
+
+def _progress(state: Any) -> float | None:
+    step, total = getattr(state, "global_step", None), getattr(state, "max_steps", None)
+    if isinstance(step, (int, float)) and isinstance(total, (int, float)) and total > 0:
+        return min(1.0, max(0.0, step / total))
+    return None
+
+
+class RewardFunc:
+    """A per-sample reward lifted to TRL's batch signature (see the module docstring)."""
+
+    def __init__(self, fn: Callable, name: str, kwargs: dict[str, Any]) -> None:
+        self.fn, self.__name__, self.kwargs = fn, name, kwargs
+        params = inspect.signature(fn).parameters.values()
+        self._var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self._accepted = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        self._takes_progress = "progress" in self._accepted
+
+    def __repr__(self) -> str:
+        return f"RewardFunc({self.__name__!r}, {self.kwargs!r})"
+
+    def _sample_kwargs(self, i: int, n: int, prompts, columns: dict[str, Any]) -> dict[str, Any]:
+        meta: dict[str, Any] = {}
+        for key, value in columns.items():
+            meta[key] = value[i] if isinstance(value, (list, tuple)) and len(value) == n else value
+        answer = next((meta.pop(a) for a in ANSWER_ALIASES if a in meta), None)
+        for a in ANSWER_ALIASES:
+            meta.pop(a, None)
+        meta["answer"] = answer
+        if prompts is not None and "prompt" not in meta:
+            meta["prompt"] = (
+                prompts[i] if isinstance(prompts, (list, tuple)) and len(prompts) == n else prompts
+            )
+        meta.update(self.kwargs)
+        if self._var_kw:
+            return meta
+        return {k: v for k, v in meta.items() if k in self._accepted}
+
+    def __call__(self, completions, prompts=None, **columns) -> list[float | None]:
+        progress = _progress(columns.get("trainer_state"))
+        columns = {k: v for k, v in columns.items() if k not in _TRAINER_KWARGS}
+        if self._takes_progress and progress is not None and "progress" not in self.kwargs:
+            columns["progress"] = progress
+        n = len(completions)
+        out: list[float | None] = []
+        for i, completion in enumerate(completions):
+            kw = self._sample_kwargs(i, n, prompts, columns)
+            try:
+                score = self.fn(completion_text(completion), **kw)
+            except GroupRLError:
+                raise
+            except Exception as e:
+                raise RewardError(
+                    f"reward {self.__name__!r} raised on sample {i}: {type(e).__name__}: {e}"
+                ) from e
+            out.append(None if score is None else float(score))
+        return out
+
+
+def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc:
+    """A TRL-style ``(completions, prompts=None, **columns) -> list[float | None]`` reward.
+
+    ``name_or_callable``: a REWARDS name ("math", "format", "composite", ...), a "pkg.mod:fn" plug-in,
+    or a per-sample callable ``fn(completion, *, answer=None, **meta)``. ``kwargs`` are fixed options
+    passed on every call (they take precedence over dataset columns of the same name).
+
+    >>> f = make_reward_func("math", strict=True)
+    >>> f(["\\\\boxed{4}", [{"role": "assistant", "content": "Answer: 5"}]], answer=["4", "4"])
+    [1.0, 0.0]
+    """
+    if isinstance(name_or_callable, str):
+        name = name_or_callable
+        fn = REWARDS.get(name)
+        if name in REWARDS:
+            REWARDS.check_kwargs(name, kwargs, where="make_reward_func")
+    elif callable(name_or_callable):
+        fn = name_or_callable
+        name = getattr(fn, "__name__", type(fn).__name__)
+    else:
+        raise TypeError(f"make_reward_func: expected a reward name or a callable, got {name_or_callable!r}")
+    return RewardFunc(fn, name, kwargs)
+
+
+_SOURCE_TASKS = (
+    (("code", "humaneval", "mbpp", "apps", "livecodebench", "leetcode", "taco"), "code"),
+    (("tool", "function_call", "bfcl", "api_bank", "toolbench"), "tool_call"),
+    (("gsm8k", "math", "aime", "amc", "numina", "olympiad", "deepscaler", "dapo"), "math"),
+)
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth, extra_info: dict | None = None) -> float:
+    """verl-style reward: ``extra_info`` may name a ``reward`` (REWARDS name) or a ``task_type``; else the
+    task type is guessed from ``data_source`` (default math). verl needs a float, so "no opinion" is 0.0.
+
+    >>> compute_score("openai/gsm8k", "<think>6 * 7</think> The answer is 42.", "42")
+    1.0
+    """
+    extra = dict(extra_info or {})
+    options = dict(extra.get("reward_kwargs") or {})
+    if extra.get("reward"):
+        score = REWARDS.get(str(extra["reward"]))(solution_str, answer=ground_truth, **options)
+    else:
+        source = str(data_source or "").lower()
+        task = extra.get("task_type") or next(
+            (t for keys, t in _SOURCE_TASKS if any(k in source for k in keys)), "math"
+        )
+        from grouprl.rewards.accuracy import accuracy_reward
+
+        score = accuracy_reward(solution_str, ground_truth, task, **options)
+    return 0.0 if score is None else float(score)

@@ -1,0 +1,99 @@
+"""``efficiency_reward``: penalise extra tool calls, overlong output and repetition.
+
+Starts from 1.0 and subtracts (seed, section 5.2):
+
+- steps: ``0.1 * (#<tool_call> - expected_steps)`` when above ``expected_steps``, at most 0.5;
+- length: ``0.3 * (n - max_tokens) / max_tokens`` when ``n > max_tokens``, at most 0.3, where ``n``
+  counts tokens with ``tokenizer`` (anything with ``encode``, e.g. a Hugging Face tokenizer) and words
+  otherwise (a CJK character is one word, unlike the seed's whitespace split that saw a whole Chinese
+  paragraph as one word);
+- repeated sentences: 0.2 when there are more than 3 sentences and fewer than 70 % are distinct;
+  sentences split on English (``. ! ? ;`` before a space) and Chinese (``。！？；``) punctuation and
+  newlines, unlike the seed which missed English punctuation;
+- n-gram repetition (added): ``ngram_penalty * clamp((r - 0.3) / 0.7, 0, 1)`` where ``r`` is the fraction
+  of repeated word ``ngram``-grams (needs >= 20 n-grams);
+- DAPO soft overlong punishment (added, opt-in with ``overlong_buffer``; arXiv 2503.14476 eq. 13):
+  with ``L_max = max_tokens`` and ``L_cache = overlong_buffer``, the penalty is 0 up to
+  ``L_max - L_cache``, then grows linearly to 1 at ``L_max`` (``((L_max - L_cache) - n) / L_cache`` in
+  the paper's signed form), and 1 beyond. It replaces the seed's linear length penalty.
+
+Clamped to [0, 1]. The seed's worked example (1 call, 9 words, 4 distinct sentences) scores 1.0.
+"""
+
+from __future__ import annotations
+
+import re
+
+from grouprl.registry import REWARDS
+from grouprl.rewards import _text
+
+_MARKUP = re.compile(r"</?[A-Za-z_][\w-]*>")
+
+
+def count_length(text: str, tokenizer=None) -> int:
+    """Tokens of ``text`` with ``tokenizer`` (no special tokens), else words (CJK characters count one,
+    markup tags such as ``<think>`` none)."""
+    if tokenizer is None:
+        return len(_text.tokens(_MARKUP.sub(" ", text)))
+    try:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return len(tokenizer.encode(text))
+
+
+def dapo_overlong_penalty(length: int, max_len: int, buffer: int) -> float:
+    """DAPO soft overlong punishment as a penalty in [0, 1] (the paper's R_length, sign flipped).
+
+    >>> dapo_overlong_penalty(350, 400, 100), dapo_overlong_penalty(300, 400, 100), dapo_overlong_penalty(401, 400, 100)
+    (0.5, 0.0, 1.0)
+    """
+    if length <= max_len - buffer:
+        return 0.0
+    if length <= max_len:
+        return (length - (max_len - buffer)) / buffer
+    return 1.0
+
+
+def ngram_repetition(text: str, n: int = 4) -> float:
+    """Fraction of word n-grams that repeat an earlier one (0.0 with fewer than 20 n-grams)."""
+    toks = [t.lower() for t in _text.tokens(text)]
+    grams = [tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)]
+    if len(grams) < 20:
+        return 0.0
+    return 1.0 - len(set(grams)) / len(grams)
+
+
+@REWARDS.register("efficiency")
+def efficiency_reward(
+    completion: str,
+    expected_steps: int = 3,
+    max_tokens: int = 512,
+    *,
+    answer=None,
+    tokenizer=None,
+    overlong_buffer: int | None = None,
+    ngram: int = 4,
+    ngram_penalty: float = 0.3,
+    **meta,
+) -> float:
+    """Efficiency in [0, 1] (see the module docstring for each penalty).
+
+    >>> efficiency_reward("<think>r = 5, so S = 25 pi = 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
+    1.0
+    """
+    score = 1.0
+    steps = completion.count(_text.TOOL_OPEN)
+    if steps > expected_steps:
+        score -= min(0.1 * (steps - expected_steps), 0.5)
+    length = count_length(completion, tokenizer)
+    if overlong_buffer:
+        score -= dapo_overlong_penalty(length, max_tokens, min(overlong_buffer, max_tokens))
+    elif length > max_tokens:
+        score -= min(0.3 * (length - max_tokens) / max_tokens, 0.3)
+    sents = _text.sentences(completion)
+    if len(sents) > 3 and len(set(sents)) / len(sents) < 0.7:
+        score -= 0.2
+    if ngram_penalty:
+        rep = ngram_repetition(completion, ngram)
+        score -= ngram_penalty * min(1.0, max(0.0, (rep - 0.3) / 0.7))
+    return round(max(0.0, min(1.0, score)), 10)

@@ -1,0 +1,245 @@
+r"""Math accuracy: find the final answer where the answer is, then compare it with math-verify.
+
+Where the answer is, in order (tool-call blocks are removed first: numbers inside tool-call
+arguments are never the answer):
+
+1. the last ``\boxed{}`` of the final region (the text after ``</think>``, or the whole completion
+   when there are no think tags);
+2. else the last "Answer: ..." / "The answer is ..." / "答案：..." line of the final region;
+3. else the text after ``</think>`` itself (math-verify picks the expression from it);
+4. else, unless ``strict=True``, the same search in the reasoning and finally its last number.
+
+The seed took the last number of the whole string, so on its worked example (78.54 computed in
+``<think>``, then ``calculator(expression='3.14159 * 5**2')``) it extracted 2; here the example scores
+1.0, and 0.0 under ``strict`` (it has no final-answer region).
+
+Hardening: several *different* boxed answers (or answer lines) are hedging and score 0; a region that
+is mostly numbers ("1 2 3 ... 78.54") is spam and yields no answer.
+
+Comparison: math-verify ``parse``/``verify`` (LaTeX, fractions, percentages, sets, intervals) with
+its signal-based timeouts disabled (``parsing_timeout=None``, ``timeout_seconds=None``), plus the seed's
+relative numeric tolerance ``|pred - gold| / (|gold| + 1e-8) < tolerance``. An integer gold answer
+(a count) needs an exact value unless ``integer_exact=False``. Plain numbers take a fast path that
+skips sympy. Inputs that could make sympy run away (towers of powers, huge factorials, very long
+expressions) are checked in a killable worker process under ``time_limit`` seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import re
+
+from grouprl.registry import REWARDS
+from grouprl.rewards import _text
+from grouprl.rewards._limit import call_with_limit
+
+HEDGE = "\x00hedge"
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^[-+]?\.\d+$")
+_RISKY = re.compile(
+    r"\^.*\^|\*\*.*\*\*|\^\s*\{?\s*[-+]?\d{3,}|\*\*\s*\(?\s*[-+]?\d{3,}|\d{3,}\s*!|!\s*!"
+    r"|\\(?:int|sum|prod|lim|binom|infty|iint)|\d{60,}"
+)
+_MAX_INPROCESS_CHARS = 500
+
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+# ── extraction ───────────────────────────────────────────────────────────────────────────────
+
+
+def _pick(cands: list[str]) -> str | None:
+    """The last candidate, or HEDGE when the candidates disagree."""
+    if not cands:
+        return None
+    last = cands[-1]
+    for c in cands[:-1]:
+        if not _same_answer(c, last):
+            return HEDGE
+    return last
+
+
+def _search_region(region: str, *, whole_text: bool) -> str | None:
+    answer = _pick(_text.find_boxed(region))
+    if answer is None:
+        lines = [a for a in _text.find_answer_lines(region) if "\\boxed" not in a]
+        answer = _pick(lines)
+    if answer is None and whole_text and region.strip():
+        answer = None if _text.is_number_spam(region) else _last_answer_line(region)
+    return answer
+
+
+def _last_answer_line(region: str) -> str:
+    """The last non-blank line that holds a digit or LaTeX (else the last non-blank line)."""
+    lines = [ln.strip() for ln in region.splitlines() if ln.strip()]
+    mathy = [ln for ln in lines if re.search(r"[\\\d]", ln)]
+    return (mathy or lines)[-1]
+
+
+def extract_answer(completion: str, *, strict: bool = False) -> str | None:
+    """The final-answer text of ``completion`` (see the module docstring), ``None``, or ``HEDGE``.
+
+    >>> extract_answer("<think>pi * 5^2 = 78.54</think><tool_call>calc(x='3.14 * 5**2')</tool_call>")
+    '78.54'
+    >>> extract_answer("<think>pi * 5^2 = 78.54</think>", strict=True) is None
+    True
+    """
+    split = _text.split_think(_text.strip_tool_blocks(completion))
+    if split.final is not None:
+        found = _search_region(split.final, whole_text=True)
+    else:
+        found = _search_region(split.reasoning, whole_text=False)
+    if found is not None or strict:
+        return found
+    reasoning = split.reasoning
+    if split.final is not None:
+        found = _search_region(reasoning, whole_text=False)
+        if found is not None:
+            return found
+    if _text.is_number_spam(reasoning):
+        return None
+    nums = _text.numbers(reasoning)
+    return nums[-1] if nums else None
+
+
+# ── comparison ───────────────────────────────────────────────────────────────────────────────
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse(text: str) -> tuple:
+    from math_verify import parse
+
+    text = text.strip()
+    body = text.strip("$").strip()
+    for form in (f"${body}$", text):
+        try:
+            got = parse(form, parsing_timeout=None)
+        except Exception:  # noqa: BLE001 - math-verify/sympy may raise anything on odd input
+            got = []
+        if got:
+            return tuple(got)
+    return ()
+
+
+def _as_float(expr) -> float | None:
+    try:
+        if getattr(expr, "is_number", False) and not getattr(expr, "is_Relational", False):
+            value = complex(expr.evalf())
+            if value.imag == 0 and math.isfinite(value.real):
+                return value.real
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def _numbers_close(gold: float, pred: float, tolerance: float, integer_exact: bool) -> bool:
+    if integer_exact and float(gold).is_integer():
+        return abs(pred - gold) <= 1e-9 * max(1.0, abs(gold))
+    return abs(pred - gold) / (abs(gold) + 1e-8) < tolerance
+
+
+def match(pred: str, gold: str, tolerance: float = 1e-2, integer_exact: bool = True) -> bool | None:
+    """True/False whether ``pred`` equals ``gold``; ``None`` when ``gold`` cannot be parsed.
+
+    Runs in-process with no time limit: call ``answers_match`` for untrusted input.
+    """
+    if _PLAIN_NUMBER.match(gold.strip()) and _PLAIN_NUMBER.match(pred.strip()):
+        g, p = float(gold.replace(",", "")), float(pred.replace(",", ""))
+        return _numbers_close(g, p, tolerance, integer_exact)
+    from math_verify import verify
+
+    g = _parse(gold)
+    if not g:
+        return None
+    p = _parse(pred)
+    if not p:
+        return False
+    gf, pf = _as_float(g[0]), _as_float(p[0])
+    if gf is not None and pf is not None and _numbers_close(gf, pf, tolerance, integer_exact):
+        return True
+    try:
+        return bool(verify(list(g), list(p), timeout_seconds=None))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _risky(s: str) -> bool:
+    return len(s) > _MAX_INPROCESS_CHARS or bool(_RISKY.search(s))
+
+
+def answers_match(
+    pred: str, gold: str, *, tolerance: float = 1e-2, integer_exact: bool = True, time_limit: float = 5.0
+) -> bool | None:
+    """``match`` under a wall-clock limit: risky inputs run in a killable worker (timeout -> False)."""
+    if not (_risky(pred) or _risky(gold)):
+        try:
+            return match(pred, gold, tolerance, integer_exact)
+        except RecursionError:
+            return False
+    ok, value = call_with_limit(
+        "grouprl.rewards.math_answer:match", (pred, gold, tolerance, integer_exact), time_limit
+    )
+    return value if ok else False
+
+
+def _same_answer(a: str, b: str) -> bool:
+    if " ".join(a.split()) == " ".join(b.split()):
+        return True
+    return answers_match(a, b, tolerance=1e-9, integer_exact=True, time_limit=2.0) is True
+
+
+def gold_parseable(gold: str, *, time_limit: float = 5.0) -> bool:
+    """Whether math-verify can parse the ground truth (else the sample gets ``None``)."""
+    if _PLAIN_NUMBER.match(gold.strip()):
+        return True
+    if not _risky(gold):
+        return bool(_parse(gold))
+    ok, value = call_with_limit("grouprl.rewards.math_answer:_parseable", (gold,), time_limit)
+    return bool(ok and value)
+
+
+def _parseable(gold: str) -> bool:
+    return bool(_parse(gold))
+
+
+def _gold_list(answer) -> list[str] | None:
+    if answer is None or isinstance(answer, bool):
+        return None
+    items = list(answer) if isinstance(answer, (list, tuple)) else [answer]
+    out = [str(a).strip() for a in items if a is not None and str(a).strip()]
+    return out or None
+
+
+@REWARDS.register("math")
+def math_reward(
+    completion: str,
+    *,
+    answer=None,
+    strict: bool = False,
+    tolerance: float = 1e-2,
+    integer_exact: bool = True,
+    time_limit: float = 5.0,
+    **meta,
+) -> float | None:
+    r"""Math accuracy in {0, 1}: the extracted final answer equals ``answer`` (math-verify + tolerance).
+
+    ``answer`` may be a string, a number, or a list of accepted answers. Returns ``None`` when there
+    is no ground truth or it cannot be parsed (the sample is skipped, not scored 0).
+
+    >>> math_reward("<think>25 * pi is about 78.54</think> The area is \\boxed{25\\pi}.", answer="78.54")
+    1.0
+    """
+    golds = _gold_list(answer)
+    if golds is None:
+        return None
+    golds = [g for g in golds if gold_parseable(g, time_limit=time_limit)]
+    if not golds:
+        return None
+    pred = extract_answer(completion, strict=strict)
+    if pred is None or pred == HEDGE:
+        return 0.0
+    for gold in golds:
+        if answers_match(pred, gold, tolerance=tolerance, integer_exact=integer_exact, time_limit=time_limit):
+            return 1.0
+    return 0.0
