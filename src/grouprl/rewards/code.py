@@ -105,7 +105,6 @@ def code_reward(
     **meta: Any,
 ) -> float | None:
     """Fraction of tests the completion's code passes in the sandbox (k/n); None if the sandbox failed."""
-    result = code_reward_details(
-        completion, answer=answer, tests=tests, timeout=timeout, isolation=isolation, **meta
-    )
+    result = code_reward_details(completion, answer=answer, tests=tests, timeout=timeout,
+                                 isolation=isolation, **meta)
     return result.reward
