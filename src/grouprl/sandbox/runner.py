@@ -1,48 +1,268 @@
-"""Run a (code, tests) job. Minimal first version: a fresh interpreter per job, no isolation yet."""
+"""Run one (code, tests) job in a fresh sandbox and turn the judge's records into a SandboxResult.
+
+Per job: a fresh process tree in its own session (the wall-clock deadline kills the whole group), the
+judge started through bubblewrap (strict) or plainly (basic) with a scrubbed environment and the job
+spec on stdin; the judge drops to a dedicated uid (leased with a lock file, so concurrent jobs never
+share one), sets the rlimits on the program's process and writes one record per test, each carrying
+a random nonce that only the parent and the judge know. Only authenticated records count; a test
+without a record did not pass. Afterwards every process left under the job's uid is killed and the
+working directory is removed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import json
+import math
+import os
+import random
+import secrets
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from grouprl.sandbox.result import SandboxResult, TestResult
 from grouprl.sandbox.suite import normalize_tests, suite_size
 
-_PROGRAM = r"""
-import json, sys
-spec = json.loads(sys.stdin.read())
-ns = {}
-exec(spec["code"], ns)
-s = spec["suite"]
-tests = []
-if s["kind"] == "assert":
-    exec(s["setup"], ns); tests = s["tests"]
-elif s["kind"] == "check":
-    exec(s["check"], ns); tests = ["check(%s)" % s["entry_point"]]
-for i, t in enumerate(tests):
-    try:
-        exec(t, ns); print(json.dumps({"i": i, "status": "passed"}))
-    except Exception as e:
-        print(json.dumps({"i": i, "status": "failed", "reason": type(e).__name__}))
-"""
+UID_BASE, UID_SPAN = 1_800_000_000, 1 << 24
+GRACE_S = 5.0  # parent-side slack over the job budget for start-up and clean-up
+INSIDE_WORKDIR = "/tmp"
 
 
-def run_tests(code: str, tests: Any, *, timeout: float = 10.0, isolation: str = "auto",
-              entry_point: str | None = None) -> SandboxResult:
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of the program's process (each process it starts gets the same)."""
+
+    memory_mb: int = 1024
+    """RLIMIT_AS in MiB. Python itself needs ~30 MiB; numpy with one thread ~120 MiB."""
+    nproc: int = 64
+    """RLIMIT_NPROC: processes and threads of the job's uid, judge included."""
+    fsize_mb: int = 16
+    """RLIMIT_FSIZE in MiB: largest file the program may write (its stdout/stderr files included)."""
+    nofile: int = 128
+    """RLIMIT_NOFILE: open file descriptors."""
+    output_kb: int = 1024
+    """stdout read back from a stdin/stdout program before the test fails."""
+    tmpfs_mb: int = 64
+    """Size of the private working directory (strict: a tmpfs)."""
+
+
+def _inline(name: str) -> str:
+    src = (Path(__file__).parent / name).read_text()
+    wire = (Path(__file__).parent / "_wire.py").read_text()
+    lines = [wire if line.endswith("# sandbox:inline") else line for line in src.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
+@functools.lru_cache(maxsize=1)
+def scripts() -> tuple[str, str]:
+    """(judge source, program-server source), each with the wire codec inlined."""
+    return _inline("_judge.py"), _inline("_server.py")
+
+
+def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpfs_mb: int = 64) -> list[str]:
+    """bubblewrap command line: new net/pid/ipc/uts namespaces, read-only /, private tmpfs at /tmp."""
+    from grouprl.sandbox.capabilities import python_paths
+
+    argv = [bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+    for top in masked:  # e.g. /root (0700) holding a pyenv interpreter: hide it, re-expose the interpreter
+        argv += ["--perms", "0755", "--tmpfs", top]
+        for p in python_paths():
+            if p.startswith(top + "/"):
+                parts = Path(p).relative_to(top).parts
+                for i in range(1, len(parts)):
+                    argv += ["--perms", "0755", "--dir", str(Path(top, *parts[:i]))]
+                argv += ["--ro-bind", p, p]
+    argv += ["--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE_WORKDIR,
+             "--perms", "1777", "--size", str(8 << 20), "--tmpfs", "/dev/shm",
+             "--chdir", INSIDE_WORKDIR]
+    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
+    return argv + ["--"]
+
+
+@contextlib.contextmanager
+def uid_lease() -> Iterator[int | None]:
+    """A uid no other job on this machine uses right now (root only; None otherwise)."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    lockdir = Path(tempfile.gettempdir()) / "grouprl-sandbox-uids"
+    lockdir.mkdir(mode=0o700, exist_ok=True)
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        uid = UID_BASE + rng.randrange(UID_SPAN)
+        fd = os.open(lockdir / str(uid), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            yield uid
+        finally:
+            kill_uid(uid)
+            with contextlib.suppress(OSError):
+                os.unlink(lockdir / str(uid))
+            os.close(fd)
+        return
+    raise RuntimeError("no free sandbox uid after 1000 tries")
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Pids of live processes owned by ``uid`` (from /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    out.append(int(name))
+    return out
+
+
+def kill_uid(uid: int, rounds: int = 200) -> int:
+    """SIGKILL every process of ``uid`` until none is left; returns how many were still found."""
+    found = 0
+    for _ in range(rounds):
+        pids = uid_pids(uid)
+        if not pids:
+            return found
+        found += len(pids)
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)
+    return found
+
+
+def _env(workdir: str) -> dict[str, str]:
+    """The whole environment of the sandbox: nothing is inherited from the parent."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_tests(
+    code: str,
+    tests: Any,
+    *,
+    timeout: float = 10.0,
+    isolation: str = "auto",
+    entry_point: str | None = None,
+    test_timeout: float | None = None,
+    limits: Limits | None = None,
+) -> SandboxResult:
+    """Run ``code`` against ``tests`` in a fresh sandbox; ``timeout`` is the job's wall-clock budget.
+
+    ``tests`` is any form :func:`grouprl.sandbox.suite.normalize_tests` accepts. ``test_timeout``
+    (default: ``timeout``) bounds each test. Raises SandboxUnavailable when ``isolation`` cannot be had.
+    """
+    from grouprl.sandbox.capabilities import detect, resolve_isolation
+
+    level = resolve_isolation(isolation)
     suite = normalize_tests(tests, entry_point=entry_point)
     n = suite_size(suite)
+    if n == 0:
+        return SandboxResult.not_run("no_tests", "the test suite is empty", 0, level)
+    limits = limits or Limits()
+    caps = detect()
     t0 = time.monotonic()
+    with uid_lease() as uid, contextlib.ExitStack() as stack:
+        if level == "strict":
+            argv, cwd, workdir = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb), "/", INSIDE_WORKDIR
+        else:
+            workdir = cwd = tempfile.mkdtemp(prefix="grouprl-sandbox-")
+            stack.callback(shutil.rmtree, workdir, True)
+            if uid is not None:
+                os.chown(workdir, uid, uid)
+            os.chmod(workdir, 0o700)
+            argv = _basic_prefix(caps)
+        judge_src, server_src = scripts()
+        nonce = secrets.token_hex(16)
+        spec = {
+            "nonce": nonce, "uid": uid, "python": sys.executable, "server_src": server_src, "code": code,
+            "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
+            "sweep": uid is not None or level == "strict" or caps.unshare_pid,
+            "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
+            "env": _env(workdir),
+        }
+        argv = argv + [sys.executable, "-I", "-S", "-c", judge_src]
+        try:
+            out, err, killed = _communicate(argv, cwd, _env(workdir), json.dumps(spec).encode(), timeout + GRACE_S)
+        except OSError as e:
+            return SandboxResult.not_run("sandbox_error", f"could not start the sandbox: {e}", n, level)
+    result = _collect(out, err, nonce, n, killed, timeout)
+    result.seconds = time.monotonic() - t0
+    result.isolation = level
+    return result
+
+
+def _basic_prefix(caps) -> list[str]:
+    if not caps.unshare or not caps.unshare_net:
+        return []
+    userns = [] if caps.root else ["--user", "--map-current-user"]
+    pid = ["--pid", "--fork", "--kill-child", "--mount-proc"] if caps.unshare_pid and caps.root else []
+    return [caps.unshare, *userns, "--net", *pid, "--"]
+
+
+def _communicate(argv, cwd, env, data: bytes, deadline: float) -> tuple[bytes, bytes, bool]:
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=cwd, env=env, start_new_session=True)
+    killed = False
     try:
-        proc = subprocess.run([sys.executable, "-I", "-c", _PROGRAM], input=json.dumps({"code": code, "suite": suite}),
-                              capture_output=True, text=True, timeout=timeout, env={})
+        out, err = proc.communicate(data, timeout=deadline)
     except subprocess.TimeoutExpired:
-        return SandboxResult.not_run("timeout", "job deadline", n)
-    results = [TestResult(i, "failed", "no record") for i in range(n)]
-    for line in proc.stdout.splitlines():
-        rec = json.loads(line)
-        results[rec["i"]] = TestResult(rec["i"], rec["status"], rec.get("reason", ""))
-    k = sum(r.passed for r in results)
-    return SandboxResult(k, n, "ok", "", results, time.monotonic() - t0, "none")
+        killed = True
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return out, err, killed
+
+
+def _collect(out: bytes, err: bytes, nonce: str, n: int, killed: bool, timeout: float) -> SandboxResult:
+    """Count only records that carry the nonce; anything else on the stream is ignored."""
+    ready, done, tests = False, {}, {}
+    for line in out.splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("nonce") != nonce:
+            continue
+        if rec.get("ready"):
+            ready = True
+        elif rec.get("done"):
+            done = rec
+        elif isinstance(rec.get("i"), int) and 0 <= rec["i"] < n and rec.get("status") in ("passed", "failed", "error", "timeout"):
+            tests[rec["i"]] = TestResult(rec["i"], rec["status"], str(rec.get("reason", "")), float(rec.get("s", 0.0)))
+    errtext = err.decode("utf-8", "replace")[-2000:].strip()
+    if not ready:
+        reason = "the sandbox failed before the program ran: " + (errtext or "no output from the judge")
+        if killed:
+            reason = f"the sandbox did not start within {timeout + GRACE_S:.0f}s"
+        return SandboxResult.not_run("sandbox_error", reason, n)
+    if killed:
+        missing = ("timeout", f"the job ran past its budget of {timeout:g}s and was killed")
+    else:
+        missing = ("error", "the judge stopped before this test (the program may have killed it)")
+    results = [tests.get(i) or TestResult(i, *missing) for i in range(n)]
+    statuses = {r.status for r in results}
+    status = "timeout" if "timeout" in statuses else "error" if "error" in statuses else "ok"
+    reason = next((f"test {r.index}: {r.reason}" for r in results if not r.passed), "")
+    return SandboxResult(sum(r.passed for r in results), n, status, reason, results,
+                         stdout=str(done.get("stdout", "")), stderr=str(done.get("stderr", "")))
