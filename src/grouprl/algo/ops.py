@@ -80,17 +80,54 @@ def _rows(t: torch.Tensor, last_dims: int) -> torch.Tensor:
     return t.reshape(-1, *t.shape[t.dim() - last_dims :]) if last_dims else t.reshape(-1)
 
 
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """logits[index] - logsumexp(logits), forward and backward both chunked over positions.
+
+    Saved for backward: the logits themselves (already alive for the model's own backward), the index
+    and the fp32 logsumexp per position -- never a [rows, V] temporary. The backward recomputes
+    softmax one chunk at a time: d logp / d z = onehot(index) - softmax(z).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, index: torch.Tensor, chunk_size: int, out_dtype: torch.dtype):
+        rows = logits.shape[0]
+        lse = torch.empty(rows, dtype=out_dtype, device=logits.device)
+        picked = torch.empty(rows, dtype=out_dtype, device=logits.device)
+        for start in range(0, rows, chunk_size):
+            chunk = logits[start : start + chunk_size].to(out_dtype)
+            lse[start : start + chunk_size] = torch.logsumexp(chunk, dim=-1)
+            picked[start : start + chunk_size] = chunk.gather(-1, index[start : start + chunk_size, None])[:, 0]
+        ctx.save_for_backward(logits, index, lse)
+        ctx.chunk_size = chunk_size
+        return picked - lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, index, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk_size):
+            sl = slice(start, start + ctx.chunk_size)
+            g_out = grad_out[sl, None].to(lse.dtype)
+            g = torch.exp(logits[sl].to(lse.dtype) - lse[sl, None]) * -g_out
+            g.scatter_add_(-1, index[sl, None], g_out)
+            grad[sl] = g.to(logits.dtype)
+        return grad, None, None, None
+
+
 def selective_log_softmax(
     logits: torch.Tensor, index: torch.Tensor, chunk_size: int = DEFAULT_CHUNK
 ) -> torch.Tensor:
     """log softmax(logits)[index] without materialising the full log-prob tensor.
 
-    ``log p(y) = logits[y] - logsumexp(logits)`` computed ``chunk_size`` rows (positions) at a time, so
-    the extra memory is one ``[chunk_size, V]`` temporary (in fp32) rather than a ``[N, T, V]`` copy.
-    Half-precision logits are upcast per chunk: ``logsumexp`` in bf16 loses ~2 decimal digits.
+    ``log p(y) = logits[y] - logsumexp(logits)`` computed ``chunk_size`` rows (positions) at a time, in
+    the forward AND the backward pass: the extra memory is one ``[chunk_size, V]`` temporary rather than
+    a ``[N, T, V]`` copy, and autograd keeps only the logits (which the model keeps anyway), the index
+    and one logsumexp per position. Half-precision logits are upcast per chunk (``logsumexp`` in bf16
+    loses ~2 decimal digits).
 
     Shapes: ``logits [..., V]``, ``index [...]`` (long) -> ``logp [...]`` in fp32 for half inputs,
-    else in the dtype of ``logits``. Differentiable with respect to ``logits``.
+    else in the dtype of ``logits``. Differentiable (once) with respect to ``logits``.
     """
     if logits.shape[:-1] != index.shape:
         raise ValueError(
@@ -98,21 +135,17 @@ def selective_log_softmax(
         )
     out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     flat_logits = _rows(logits, 1)
-    flat_index = _rows(index, 0)
-    pieces = []
-    for start in range(0, flat_logits.shape[0], max(1, chunk_size)):
-        chunk = flat_logits[start : start + chunk_size].to(out_dtype)
-        idx = flat_index[start : start + chunk_size]
-        picked = chunk.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
-        pieces.append(picked - torch.logsumexp(chunk, dim=-1))
-    out = torch.cat(pieces) if pieces else flat_logits.new_zeros(0, dtype=out_dtype)
+    flat_index = _rows(index, 0).to(torch.long)
+    out = _SelectiveLogSoftmax.apply(flat_logits, flat_index, max(1, int(chunk_size)), out_dtype)
     return out.reshape(index.shape)
 
 
 def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK) -> torch.Tensor:
     """Entropy of softmax(logits) per position: ``H = logsumexp(z) - sum softmax(z) * z``.
 
-    Computed ``chunk_size`` positions at a time (one ``[chunk_size, V]`` fp32 temporary).
+    Computed ``chunk_size`` positions at a time (one ``[chunk_size, V]`` fp32 temporary). Usually
+    called under ``torch.no_grad()`` for a metric; if differentiated, autograd keeps each chunk's
+    softmax (a full-vocabulary copy in total), so prefer it as a metric, not an entropy bonus on large V.
     Shapes: ``logits [..., V]`` -> ``[...]`` (fp32 for half inputs). Differentiable.
     """
     out_dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
