@@ -1,4 +1,4 @@
-"""``grouprl eval``: placeholder until its issue lands (owned by the helper building it)."""
+"""``grouprl eval -c recipe.yaml --checkpoint DIR``: held-out accuracy (greedy or sampled) and pass@k."""
 
 from __future__ import annotations
 
@@ -6,5 +6,85 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="(not built yet)")
-    p.set_defaults(func=lambda args: print("grouprl eval is not built yet") or 1)
+    p = sub.add_parser("eval", help="evaluate a checkpoint on the recipe's held-out split (accuracy, pass@k)")
+    p.add_argument("-c", "--config", help="YAML recipe (dataset, eval split, eval reward, generation lengths)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a config field")
+    p.add_argument("--checkpoint", help="model directory (a checkpoint-<step> or final/); default: recipe's model")
+    p.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: eval_temperature)")
+    p.add_argument("--num-samples", "-n", type=int, default=None, help="samples per prompt (for pass@k)")
+    p.add_argument("--k", type=int, nargs="*", default=None, help="k values for pass@k (default: 1 and n)")
+    p.add_argument("--limit", type=int, default=None, help="evaluate at most this many prompts")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from grouprl.config import GRPOConfig
+    from grouprl.errors import ConfigError
+
+    cfg = GRPOConfig.from_yaml(args.config, args.overrides)
+    temperature = cfg.eval_temperature if args.temperature is None else args.temperature
+    n = args.num_samples or cfg.eval_num_samples
+    if n > 1 and temperature == 0:
+        raise ConfigError(f"--num-samples {n} with greedy decoding gives {n} identical samples: add "
+                          f"--temperature 0.7 (or similar) for pass@k.")
+    ks = tuple(args.k) if args.k else tuple(sorted({1, n}))
+    result = evaluate_checkpoint(cfg, args.checkpoint, temperature=temperature, num_samples=n, ks=ks,
+                                 limit=args.limit)
+    samples = result.pop("samples", [])
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    decoding = "greedy" if temperature == 0 else f"sampled, T={temperature}, n={n}"
+    print(f"held-out accuracy: {result['accuracy']:.4f}  ({result['num_prompts']} prompts, {decoding})")
+    for k in ks:
+        if f"pass@{k}" in result:
+            print(f"pass@{k}: {result[f'pass@{k}']:.4f}")
+    print(f"mean completion length: {result['completion_length']:.1f} tokens")
+    if samples:
+        print(f"example: {samples[0]['completion']!r} -> reward {samples[0]['reward']}")
+    return 0
+
+
+def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_samples: int,
+                        ks: tuple[int, ...], limit: int | None = None) -> dict:
+    """Load ``checkpoint`` (a full model or a LoRA adapter over ``cfg.model``) and evaluate it."""
+    from pathlib import Path
+
+    from grouprl.data.load import check_rows, load_dataset_any
+    from grouprl.errors import ConfigError
+    from grouprl.rollout import make_backend
+    from grouprl.train.evaluate import evaluate
+    from grouprl.train.model import load_model, load_tokenizer, pick_device, resolve_model_path
+    from grouprl.train.score import resolve_reward_funcs
+
+    if cfg.dataset is None or cfg.eval_split is None:
+        raise ConfigError("evaluation needs `dataset` and `eval_split` in the recipe.")
+    rows_ds = load_dataset_any(cfg.dataset, cfg.eval_split, **cfg.dataset_kwargs)
+    if rows_ds is None:
+        raise ConfigError(f"dataset {cfg.dataset!r} has no split {cfg.eval_split!r}.")
+    n_rows = min(len(rows_ds), limit or cfg.max_eval_samples or len(rows_ds))
+    rows_ds = rows_ds.select(range(n_rows))
+    check_rows(rows_ds, cfg.prompt_column)
+    source = checkpoint or cfg.model
+    if source is None:
+        raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
+    device = pick_device(cfg.device)
+    if checkpoint and (Path(checkpoint) / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(load_model(cfg.model, device), checkpoint).to(device)
+        tokenizer = load_tokenizer(checkpoint if (Path(checkpoint) / "tokenizer_config.json").is_file()
+                                   else resolve_model_path(cfg.model))
+    else:
+        model = load_model(source, device)
+        tokenizer = load_tokenizer(resolve_model_path(source))
+    reward_fn = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
+    backend = make_backend(cfg.rollout_backend, model, tokenizer)
+    rows = [rows_ds[i] for i in range(len(rows_ds))]
+    return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
+                    system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                    max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
+                    top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks)

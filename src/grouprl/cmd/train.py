@@ -1,4 +1,4 @@
-"""``grouprl train``: placeholder until its issue lands (owned by the helper building it)."""
+"""``grouprl train -c recipe.yaml key=value ... [--resume]``: run GRPO / GSPO from a YAML recipe."""
 
 from __future__ import annotations
 
@@ -6,5 +6,35 @@ import argparse
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="(not built yet)")
-    p.set_defaults(func=lambda args: print("grouprl train is not built yet") or 1)
+    p = sub.add_parser("train", help="train a model with GRPO / GSPO from a YAML recipe",
+                       description="Train with a YAML recipe; `key=value` overrides any field (dotted keys nest, "
+                                   "e.g. reward_kwargs.accuracy.task_type=math).")
+    p.add_argument("-c", "--config", help="YAML recipe (fields of GRPOConfig)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="override a config field")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                   help="resume from the latest checkpoint in output_dir (or from CHECKPOINT)")
+    p.add_argument("--help-config", action="store_true", help="list every config field with its documentation")
+    p.add_argument("--dry-run", action="store_true", help="validate the recipe and print it; load nothing")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from grouprl.config import GRPOConfig
+
+    if args.help_config:
+        for name, doc in GRPOConfig.field_docs().items():
+            print(f"{name}:\n    {doc}")
+        return 0
+    cfg = GRPOConfig.from_yaml(args.config, args.overrides)
+    cfg.check_names()
+    if args.dry_run:
+        import yaml
+
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return 0
+    from grouprl.train import GRPOTrainer
+
+    trainer = GRPOTrainer(config=cfg)
+    trainer.train(resume_from_checkpoint=args.resume)
+    return 0
+

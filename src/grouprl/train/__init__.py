@@ -1,0 +1,7 @@
+"""Training: ``GRPOTrainer`` (facade) and ``train`` (the loop in ``grouprl.train.loop``)."""
+
+from __future__ import annotations
+
+from grouprl.train.trainer import GRPOTrainer
+
+__all__ = ["GRPOTrainer"]

@@ -1,0 +1,145 @@
+"""Datasets in, prompts out: files, directories, hub names and built-in tasks.
+
+A row has a ``prompt`` column -- plain text, or chat messages ``[{"role": ..., "content": ...}, ...]`` to
+which the tokenizer's chat template is applied -- and any other columns (``answer``, ``tests``, ``tools``,
+...), which are handed to the reward functions as keyword lists. A malformed row raises ``DataError``
+naming the row and the column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import DataError
+
+FILE_TYPES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
+    """Load ``spec`` as a ``datasets.Dataset``.
+
+    ``spec`` is a Dataset (returned as is), a list of dicts, a .jsonl/.json/.parquet/.csv file, a directory
+    (of such files, or saved with ``save_to_disk``; a file or sub-folder named after the split is used
+    when present), ``builtin:<task>`` or a hub name. Returns ``None`` when the split does not exist for a
+    file or directory other than the training split.
+    """
+    import datasets
+
+    if isinstance(spec, (datasets.Dataset,)):
+        return spec
+    if isinstance(spec, datasets.DatasetDict):
+        if split not in spec:
+            return None
+        return spec[split]
+    if isinstance(spec, list):
+        return datasets.Dataset.from_list(spec)
+    text = str(spec)
+    if text.startswith("builtin:"):
+        from grouprl.data.tasks import load_task
+
+        return load_task(text.split(":", 1)[1], split, **kwargs)
+    path = Path(text)
+    if path.is_file():
+        return _load_file(path) if split == "train" else None
+    if path.is_dir():
+        return _load_dir(path, split)
+    try:
+        return datasets.load_dataset(text, split=split, **kwargs)
+    except ValueError as e:  # unknown split of an existing dataset
+        if "split" in str(e).lower() and split != "train":
+            return None
+        raise DataError(f"dataset {text!r}: {e}") from e
+    except Exception as e:
+        raise DataError(
+            f"dataset {text!r} is not a file, a directory, or a reachable hub dataset ({type(e).__name__}: {e}). "
+            f"Give a .jsonl/.json/.parquet/.csv path, a directory, or builtin:<task>."
+        ) from e
+
+
+def _load_file(path: Path):
+    import datasets
+
+    kind = FILE_TYPES.get(path.suffix.lower())
+    if kind is None:
+        raise DataError(f"dataset file {str(path)!r}: unsupported type {path.suffix!r}; use one of "
+                        f"{', '.join(FILE_TYPES)}.")
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train")
+    except Exception as e:
+        raise DataError(f"dataset file {str(path)!r} could not be read as {kind}: {e}") from e
+
+
+def _load_dir(path: Path, split: str):
+    import datasets
+
+    if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            return loaded[split] if split in loaded else None
+        return loaded if split == "train" else None
+    if (path / split).is_dir():
+        return _load_dir(path / split, "train")
+    for suffix in FILE_TYPES:
+        candidate = path / f"{split}{suffix}"
+        if candidate.is_file():
+            return _load_file(candidate)
+    if split != "train":
+        return None
+    files = sorted(p for p in path.iterdir() if p.suffix.lower() in FILE_TYPES)
+    if not files:
+        raise DataError(f"dataset directory {str(path)!r} holds no {', '.join(FILE_TYPES)} files.")
+    parts = [_load_file(p) for p in files]
+    return datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+
+
+def check_rows(ds: Any, prompt_column: str = "prompt") -> None:
+    """Raise DataError naming the first row and column that cannot be used as a prompt."""
+    if prompt_column not in ds.column_names:
+        raise DataError(
+            f"dataset has no column {prompt_column!r} (columns: {', '.join(ds.column_names)}). "
+            f"Rename the prompt column or set prompt_column."
+        )
+    for i, prompt in enumerate(ds[prompt_column]):
+        problem = _prompt_problem(prompt)
+        if problem:
+            raise DataError(f"row {i}, column {prompt_column!r}: {problem} (value: {_short(prompt)}).")
+
+
+def _prompt_problem(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return "" if prompt.strip() else "empty prompt"
+    if isinstance(prompt, list):
+        if not prompt:
+            return "empty message list"
+        for j, msg in enumerate(prompt):
+            if not isinstance(msg, dict) or "role" not in msg or "content" not in msg:
+                return f"message {j} must be a mapping with 'role' and 'content'"
+            if not isinstance(msg["content"], str):
+                return f"message {j} has non-text content"
+        return ""
+    return f"expected text or a list of chat messages, got {type(prompt).__name__}"
+
+
+def _short(value: Any, n: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def render_prompt(prompt: Any, tokenizer: Any, system_prompt: str | None = None) -> str:
+    """The text the model sees: chat messages go through the chat template with a generation prompt."""
+    if isinstance(prompt, str) and not system_prompt:
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if system_prompt and messages[0].get("role") != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return "\n".join(m["content"] for m in messages) + "\n"
+
+
+def reward_columns(rows: list[dict], prompt_column: str = "prompt") -> dict[str, list]:
+    """Every column except the prompt, as ``name -> list`` (the keyword arguments of reward functions)."""
+    if not rows:
+        return {}
+    return {k: [r.get(k) for r in rows] for k in rows[0] if k != prompt_column}

@@ -1,0 +1,83 @@
+"""The backend interface: what a generation backend receives and returns.
+
+A backend implements ``generate(prompts: list[str], n: int, params: SamplingParams) -> Rollout`` and,
+when it holds its own copy of the weights (vLLM), ``sync_weights(model)`` after each optimizer step.
+Completions of prompt ``i`` are rows ``i*n .. i*n+n-1`` (grouped), so rewards reshape to ``[B, G]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+@dataclass
+class SamplingParams:
+    """Decoding settings; ``temperature == 0`` means greedy."""
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_prompt_length: int | None = None
+
+
+@dataclass
+class Rollout:
+    """One batch of N = B*n completions (torch tensors on the model's device).
+
+    prompt_ids [N,P] left-padded, prompt_mask [N,P], completion_ids [N,T] right-padded, completion_mask [N,T]
+    (1 up to and including the first EOS), truncated [N] bool (no EOS within max_new_tokens),
+    completions: decoded text without special tokens, prompts: the prompt text of each row.
+    """
+
+    prompt_ids: Any
+    prompt_mask: Any
+    completion_ids: Any
+    completion_mask: Any
+    truncated: Any
+    completions: list[str]
+    prompts: list[str]
+
+    def __len__(self) -> int:
+        return len(self.completions)
+
+    def select(self, index: list[int]) -> Rollout:
+        """Rows ``index`` of every field (used to drop groups)."""
+        import torch
+
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device)
+        return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
+                       self.completion_mask[idx], self.truncated[idx],
+                       [self.completions[i] for i in index], [self.prompts[i] for i in index])
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Stack rollouts whose prompt/completion widths differ (prompts re-padded left, completions right)."""
+    import torch
+
+    P = max(r.prompt_ids.shape[1] for r in parts)
+    T = max(r.completion_ids.shape[1] for r in parts)
+
+    def pad(x, width, value, left):
+        extra = width - x.shape[1]
+        if extra == 0:
+            return x
+        fill = x.new_full((x.shape[0], extra), value)
+        return torch.cat([fill, x] if left else [x, fill], dim=1)
+
+    return Rollout(
+        torch.cat([pad(r.prompt_ids, P, pad_id, True) for r in parts]),
+        torch.cat([pad(r.prompt_mask, P, 0, True) for r in parts]),
+        torch.cat([pad(r.completion_ids, T, pad_id, False) for r in parts]),
+        torch.cat([pad(r.completion_mask, T, 0, False) for r in parts]),
+        torch.cat([r.truncated for r in parts]),
+        [c for r in parts for c in r.completions],
+        [p for r in parts for p in r.prompts],
+    )
+
+
+class Backend(Protocol):
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout: ...
+
+    def sync_weights(self, model: Any) -> None: ...

@@ -1,0 +1,96 @@
+"""Rollouts with transformers ``generate``: all B*n completions in one batched call with a KV cache."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grouprl.rollout.base import Rollout, SamplingParams
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the generation config's EOS ids plus the tokenizer's."""
+    ids: set[int] = set()
+    gen_cfg = getattr(model, "generation_config", None)
+    raw = getattr(gen_cfg, "eos_token_id", None)
+    for value in raw if isinstance(raw, (list, tuple)) else [raw]:
+        if value is not None:
+            ids.add(int(value))
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return sorted(ids)
+
+
+def completion_mask_from_ids(completion_ids: Any, eos_ids: list[int]):
+    """mask [N,T] = 1 up to and including the first EOS; truncated [N] = no EOS at all."""
+    import torch
+
+    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
+    T = completion_ids.shape[1]
+    has_eos = is_eos.any(dim=1)
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full_like(has_eos, T, dtype=torch.long))
+    positions = torch.arange(T, device=completion_ids.device).unsqueeze(0)
+    mask = (positions <= first.unsqueeze(1)).long()
+    return mask, ~has_eos
+
+
+class TransformersBackend:
+    """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync)."""
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        self.eos_ids = eos_token_ids(model, tokenizer)
+
+    def sync_weights(self, model: Any) -> None:
+        self.model = model
+
+    def tokenize_prompts(self, prompts: list[str], max_prompt_length: int | None):
+        tok = self.tokenizer
+        old_side, old_trunc = tok.padding_side, getattr(tok, "truncation_side", "left")
+        tok.padding_side, tok.truncation_side = "left", "left"
+        try:
+            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+                      truncation=max_prompt_length is not None, max_length=max_prompt_length)
+        finally:
+            tok.padding_side, tok.truncation_side = old_side, old_trunc
+        return enc["input_ids"], enc["attention_mask"]
+
+    def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout:
+        import torch
+        from transformers import GenerationConfig
+
+        device = next(self.model.parameters()).device
+        ids, mask = self.tokenize_prompts(prompts, params.max_prompt_length)
+        ids = ids.repeat_interleave(n, dim=0).to(device)
+        mask = mask.repeat_interleave(n, dim=0).to(device)
+        sample = params.temperature > 0
+        gen_cfg = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            do_sample=sample,
+            temperature=params.temperature if sample else None,
+            top_p=params.top_p if sample else None,
+            top_k=(params.top_k or None) if sample else None,
+            pad_token_id=self.tokenizer.pad_token_id,
+            eos_token_id=self.eos_ids,
+            use_cache=True,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
+        finally:
+            self.model.train(was_training)
+        completion_ids = out[:, ids.shape[1]:]
+        if completion_ids.shape[1] == 0:  # every prompt ended at once: keep one (EOS-free) pad column
+            completion_ids = out.new_full((out.shape[0], 1), self.tokenizer.pad_token_id)
+        completion_mask, truncated = completion_mask_from_ids(completion_ids, self.eos_ids)
+        completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
+        lengths = completion_mask.sum(dim=1).tolist()
+        texts = self.tokenizer.batch_decode(
+            [row[:length].tolist() for row, length in zip(completion_ids, lengths)], skip_special_tokens=True
+        )
+        return Rollout(ids, mask, completion_ids, completion_mask, truncated, texts,
+                       [p for p in prompts for _ in range(n)])

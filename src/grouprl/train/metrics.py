@@ -1,0 +1,128 @@
+"""Where numbers go: metrics.jsonl (always), TensorBoard / W&B (``report_to``), a rich progress bar,
+samples.jsonl every N steps, and the timers that split a step into its phases."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# fine phase -> coarse phase (the issue's generate / score / update split)
+PHASES = {"generate": "generate", "reward": "score", "ref_forward": "score", "old_logp_forward": "score",
+          "policy_fwd_bwd": "update", "optimizer": "update", "other": "other"}
+
+
+class Timers:
+    """Accumulates wall time per phase: ``with timers("generate"): ...``; ``pop()`` returns and resets."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = defaultdict(float)
+        self.started = time.perf_counter()
+
+    @contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.totals[name] += time.perf_counter() - t0
+
+    def pop(self) -> dict[str, float]:
+        now = time.perf_counter()
+        wall = now - self.started
+        measured = sum(self.totals.values())
+        out = {f"time/{k}": self.totals.get(k, 0.0) for k in PHASES if k != "other"}
+        out["time/other"] = max(0.0, wall - measured)
+        for coarse in ("score", "update"):  # time/generate is both a fine and a coarse phase
+            out[f"time/{coarse}"] = sum(self.totals.get(k, 0.0) for k, c in PHASES.items() if c == coarse)
+        out["time/step"] = wall
+        self.totals.clear()
+        self.started = now
+        return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+class MetricsLogger:
+    """Fan-out of one metrics dict per logged step to every configured sink."""
+
+    def __init__(self, output_dir: str | Path, targets: list[str], *, run_name: str | None, total_steps: int,
+                 progress: bool, config: dict[str, Any] | None = None, resume: bool = False) -> None:
+        self.dir = Path(output_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.dir / "metrics.jsonl"
+        self.samples_path = self.dir / "samples.jsonl"
+        self.tb_dir: Path | None = None
+        mode = "a" if resume else "w"
+        self._metrics = self.metrics_path.open(mode)
+        self._samples = self.samples_path.open(mode)
+        self._tb = self._wandb = None
+        if "tensorboard" in targets:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb_dir = self.dir / "tensorboard"
+            self._tb = SummaryWriter(log_dir=str(self.tb_dir))
+        if "wandb" in targets:
+            import wandb  # optional dependency: only imported when asked for
+
+            self._wandb = wandb.init(name=run_name or self.dir.name, config=config or {}, resume="allow")
+        self._progress = self._task = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]grouprl"), BarColumn(), MofNCompleteColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[live]}"), transient=False)
+            self._task = self._progress.add_task("train", total=total_steps, live="")
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+        numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if self._tb is not None:
+            for key, value in numeric.items():
+                self._tb.add_scalar(key, value, step)
+            self._tb.flush()
+        if self._wandb is not None:
+            self._wandb.log(numeric, step=step)
+
+    def advance(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._progress is None:
+            return
+        live = "reward {:.3f}  kl {:.4f}  clip {:.3f}".format(
+            metrics.get("reward", float("nan")), metrics.get("kl", 0.0), metrics.get("policy/clip_frac", 0.0))
+        self._progress.update(self._task, completed=step, live=live)
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            self._samples.write(json.dumps({"step": step, **row}, default=str) + "\n")
+        self._samples.flush()
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        self._metrics.close()
+        self._samples.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+
+
+def summarize_rewards(history: list[dict[str, Any]], key: str = "reward") -> dict[str, float]:
+    """First / last / best / mean of a logged series, for the end-of-run summary."""
+    values = [h[key] for h in history if isinstance(h.get(key), (int, float)) and not math.isnan(h[key])]
+    if not values:
+        return {}
+    k = max(1, len(values) // 5)
+    return {"first": values[0], "last": values[-1], "max": max(values), "mean": sum(values) / len(values),
+            "first_fifth_mean": sum(values[:k]) / k, "last_fifth_mean": sum(values[-k:]) / k}

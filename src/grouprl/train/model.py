@@ -1,0 +1,125 @@
+"""Model, tokenizer, device and precision: everything that touches weights before the loop starts."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from grouprl.errors import ConfigError
+
+log = logging.getLogger("grouprl")
+
+
+def resolve_model_path(name: str) -> str:
+    """``builtin:<name>`` -> a local directory (built on first use); anything else unchanged."""
+    if name.startswith("builtin:"):
+        from grouprl.warmstart import builtin_model_path
+
+        return builtin_model_path(name.split(":", 1)[1])
+    return name
+
+
+def pick_device(choice: str) -> torch.device:
+    if choice == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device='cuda' but no CUDA device is visible. Fix: device=auto or device=cpu.")
+    return torch.device(choice)
+
+
+def autocast_factory(bf16: bool, device: torch.device):
+    """A zero-argument context factory: bf16 autocast on CUDA with bf16 support, else a no-op.
+
+    Asking for bf16 where it is not supported (CPU, old GPUs) trains in fp32 and warns exactly once.
+    """
+    if not bf16:
+        return contextlib.nullcontext
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    warnings.warn(f"bf16=True but device '{device.type}' has no fast bf16 support: training in fp32 instead.",
+                  stacklevel=2)
+    return contextlib.nullcontext
+
+
+def load_tokenizer(source: Any, processing_class: Any = None):
+    from transformers import AutoTokenizer
+
+    tok = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(source)
+    tok = getattr(tok, "tokenizer", tok)  # a processor wrapping a tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load_model(model: Any, device: torch.device):
+    """A hub id / local path / builtin name is loaded in fp32 (autocast gives bf16 compute)."""
+    from transformers import AutoModelForCausalLM
+
+    if isinstance(model, str):
+        path = resolve_model_path(model)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except OSError as e:
+            raise ConfigError(f"model {model!r} could not be loaded ({e}). Give a hub id, a local directory "
+                              f"with config.json, or builtin:<name>.") from e
+    return model.to(device)
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
+def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
+    """Wrap in a LoRA adapter when ``use_peft`` (or a ``peft_config`` is given); else unchanged."""
+    if not (cfg.use_peft or peft_config is not None) or is_peft(model):
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    if peft_config is None:
+        peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                                 target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_config)
+
+
+class Reference:
+    """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy)."""
+
+    def __init__(self, model: Any) -> None:
+        self.shared = is_peft(model)
+        self.model = model if self.shared else _frozen_copy(model)
+
+    def context(self):
+        return self.model.disable_adapter() if self.shared else contextlib.nullcontext()
+
+
+def _frozen_copy(model: Any):
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def build_optimizer(model: Any, cfg: Any, total_steps: int):
+    """AdamW over trainable parameters; linear warm-up then cosine / linear decay / constant."""
+    from transformers import get_scheduler
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("the model has no trainable parameters (all requires_grad=False).")
+    optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                  eps=cfg.adam_epsilon, weight_decay=cfg.weight_decay)
+    warmup = cfg.warmup_steps if cfg.warmup_steps > 0 else int(round(cfg.warmup_ratio * total_steps))
+    name = {"constant": "constant_with_warmup"}.get(cfg.lr_scheduler_type, cfg.lr_scheduler_type)
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
+    return optimizer, scheduler

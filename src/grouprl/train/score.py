@@ -1,0 +1,123 @@
+"""Score completions with several reward functions: weighted sum, one column per function, loud errors.
+
+Reward functions have TRL's signature ``fn(completions, prompts=..., **columns) -> list[float | None]``;
+registry names are turned into such functions by ``grouprl.rewards.make_reward_func``. ``None`` means
+"no opinion" (e.g. the ground truth could not be parsed): that component is left out of the weighted sum,
+and a sample on which every function abstains gets a NaN total, which the advantage estimators treat as
+"no opinion" (advantage 0). A function that raises, returns the wrong number of values, or returns NaN /
+a non-number stops the run with a RewardError naming the function and the sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from grouprl.errors import ConfigError, RewardError
+
+
+def resolve_reward_funcs(funcs: Any, reward_kwargs: dict | None = None) -> list[Callable]:
+    """Names (registry or ``pkg.mod:fn``) and callables -> a list of TRL-style batch callables."""
+    reward_kwargs = reward_kwargs or {}
+    items = funcs if isinstance(funcs, (list, tuple)) else [funcs]
+    if not items:
+        raise ConfigError("reward_funcs is empty: give at least one reward name or function.")
+    out = []
+    for item in items:
+        if callable(item):
+            out.append(item)
+        elif isinstance(item, str):
+            from grouprl.rewards import make_reward_func
+
+            out.append(make_reward_func(item, **dict(reward_kwargs.get(item, {}))))
+        else:
+            raise ConfigError(f"reward_funcs entry {item!r} is neither a reward name nor a callable.")
+    return out
+
+
+def reward_name(fn: Callable) -> str:
+    return getattr(fn, "__name__", None) or type(fn).__name__
+
+
+class RewardScorer:
+    """``score(prompts, completions, columns) -> (total [N], components [N][F])`` with NaN for None."""
+
+    def __init__(self, funcs: Sequence[Callable], weights: Sequence[float] | None = None) -> None:
+        self.funcs = list(funcs)
+        self.names = _unique([reward_name(f) for f in self.funcs])
+        if weights is not None and len(weights) != len(self.funcs):
+            raise ConfigError(f"reward_weights has {len(weights)} entries but there are {len(self.funcs)} reward "
+                              f"functions ({', '.join(self.names)}): give one weight per function.")
+        self.weights = [float(w) for w in (weights if weights is not None else [1.0] * len(self.funcs))]
+
+    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list]):
+        n = len(completions)
+        components = [[math.nan] * len(self.funcs) for _ in range(n)]
+        for j, (fn, name) in enumerate(zip(self.funcs, self.names)):
+            values = self._call(fn, name, prompts, completions, columns)
+            for i, value in enumerate(values):
+                components[i][j] = self._check_value(value, name, i, completions[i])
+        totals = []
+        for row in components:
+            present = [(w, v) for w, v in zip(self.weights, row) if not math.isnan(v)]
+            totals.append(sum(w * v for w, v in present) if present else math.nan)
+        return totals, components
+
+    @staticmethod
+    def _call(fn: Callable, name: str, prompts: list, completions: list, columns: dict[str, list]) -> list:
+        try:
+            values = fn(completions=completions, prompts=prompts, **columns)
+        except RewardError:
+            raise
+        except Exception as e:
+            culprit = _find_failing_sample(fn, prompts, completions, columns)
+            where = f" on sample {culprit} (completion {_short(completions[culprit])})" if culprit is not None else ""
+            raise RewardError(f"reward function {name!r} raised {type(e).__name__}: {e}{where}. "
+                              f"Return None for samples it cannot judge instead of raising.") from e
+        if values is None or not hasattr(values, "__len__"):
+            raise RewardError(f"reward function {name!r} returned {type(values).__name__}, expected a list of "
+                              f"{len(completions)} floats (one per completion).")
+        values = list(values)
+        if len(values) != len(completions):
+            raise RewardError(f"reward function {name!r} returned {len(values)} values for {len(completions)} "
+                              f"completions: it must return exactly one value (or None) per completion.")
+        return values
+
+    @staticmethod
+    def _check_value(value: Any, name: str, i: int, completion: Any) -> float:
+        if value is None:
+            return math.nan
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise RewardError(f"reward function {name!r} returned {value!r} for sample {i} "
+                              f"(completion {_short(completion)}): expected a float or None.") from None
+        if math.isnan(number) or math.isinf(number):
+            raise RewardError(f"reward function {name!r} returned {number} for sample {i} (completion "
+                              f"{_short(completion)}). Return None for 'no opinion'; NaN/inf are treated as bugs.")
+        return number
+
+
+def _find_failing_sample(fn, prompts, completions, columns) -> int | None:
+    """Re-run a failing function one sample at a time to name the sample that breaks it."""
+    for i in range(len(completions)):
+        try:
+            fn(completions=[completions[i]], prompts=[prompts[i]], **{k: [v[i]] for k, v in columns.items()})
+        except Exception:
+            return i
+    return None
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}_{seen[name]}")
+    return out
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 3] + "..."

@@ -1,0 +1,132 @@
+"""One optimizer step's pieces: per-token log-probs of completions, and the loss of one micro-batch.
+
+Memory: the policy forward asks the model for logits of the completion positions only
+(``logits_to_keep = T + 1``; prompt positions never reach the LM head) and takes log-probs with the chunked
+``selective_log_softmax`` (no ``[N, T, V]`` log-softmax copy). ``plain=True`` is the straightforward path
+(full logits, full ``log_softmax``) kept for the equivalence test.
+
+Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
+
+
+@dataclass
+class MicroBatch:
+    """Rows of one micro-batch; ``loss_mask`` is ``completion_mask`` minus masked truncations."""
+
+    prompt_ids: torch.Tensor  # [N,P]
+    prompt_mask: torch.Tensor  # [N,P]
+    completion_ids: torch.Tensor  # [N,T]
+    completion_mask: torch.Tensor  # [N,T]
+    loss_mask: torch.Tensor  # [N,T]
+    adv: torch.Tensor  # [N]
+    old_logp: torch.Tensor | None = None  # [N,T], only when the policy moved since generation
+    ref_logp: torch.Tensor | None = None  # [N,T], only when kl_coef > 0
+
+
+@dataclass
+class LossSpec:
+    """The registered functions and hyper-parameters of the objective (resolved once from the config)."""
+
+    policy_loss: Any
+    loss_hp: dict
+    aggregate: Any
+    kl_estimator: Any
+    kl_coef: float
+    temperature: float
+
+
+def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                     completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
+                     *, with_entropy: bool = False, plain: bool = False):
+    """log pi(y_t | x, y_<t) for every completion token: ``[N,T]`` (and the entropy ``[N,T]`` if asked).
+
+    Logits are divided by ``temperature`` so the log-probs are those of the sampling distribution.
+    Position ids follow the attention mask, as in ``generate`` with left padding.
+    """
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+    attention = torch.cat([prompt_mask, completion_mask], dim=1)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
+    T = completion_ids.shape[1]
+    if plain:
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+        logits = logits[:, -T - 1:-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    else:
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                    logits_to_keep=T + 1)
+        logits = out.logits[:, :-1] / temperature
+        logp = selective_log_softmax(logits, completion_ids)
+    if not with_entropy:
+        return logp, None
+    with torch.no_grad():
+        entropy = entropy_from_logits(logits.detach())
+    return logp, entropy
+
+
+def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[str, Any]):
+    """Loss of one micro-batch, normalised by the totals of the WHOLE optimizer step.
+
+    ``totals`` = num_tokens / num_seqs / max_len of the step, so summing the returned losses of all
+    micro-batches equals the loss of the whole step computed at once (and so do the gradients).
+    Returns ``(loss, sums)``: ``sums`` are detached, already normalised by the step so they add up across
+    micro-batches (``_min`` / ``_max`` keys combine by min / max instead).
+    """
+    logp, entropy = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                     mb.completion_mask, spec.temperature, with_entropy=True)
+    # On-policy (mu = 1, one step per generation): old_logp is the current forward, detached -- ratio 1
+    # in value, gradient of the ratio = gradient of logp (arXiv 2402.03300, Sec. 4.1.3).
+    old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
+    per_token, loss_metrics = spec.policy_loss(logp, old_logp, mb.adv, mb.loss_mask, **spec.loss_hp)
+    policy = spec.aggregate(per_token, mb.loss_mask, **totals)
+    loss = policy
+    step_tokens = torch.as_tensor(float(totals["num_tokens"]))
+    sums: dict[str, torch.Tensor] = {"loss/policy": policy.detach()}
+    mb_tokens = mb.loss_mask.sum().float()
+    if spec.kl_coef > 0:
+        kl_tok = spec.kl_estimator(logp, mb.ref_logp)
+        kl = spec.aggregate(kl_tok, mb.loss_mask, **totals)
+        loss = policy + spec.kl_coef * kl
+        sums["loss/kl"] = kl.detach()
+        sums["kl"] = masked_sum(kl_tok.detach(), mb.loss_mask) / step_tokens.clamp(min=1)
+    sums["loss/total"] = loss.detach()
+    sums["entropy"] = masked_sum(entropy, mb.loss_mask) / step_tokens.clamp(min=1)
+    weight = mb_tokens / step_tokens.clamp(min=1)
+    for key, value in loss_metrics.items():
+        value = value.detach().float()
+        sums[f"policy/{key}"] = value if key.endswith(("_min", "_max")) else value * weight
+    return loss, sums
+
+
+def combine(acc: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Accumulate micro-batch ``sums`` into ``acc`` (sum, or min / max for ``_min`` / ``_max`` keys)."""
+    for key, value in sums.items():
+        if key not in acc:
+            acc[key] = value
+        elif key.endswith("_min"):
+            acc[key] = torch.minimum(acc[key], value)
+        elif key.endswith("_max"):
+            acc[key] = torch.maximum(acc[key], value)
+        else:
+            acc[key] = acc[key] + value
+    return acc
+
+
+@torch.no_grad()
+def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> list[torch.Tensor]:
+    """log-probs of each micro-batch without gradient (reference or old policy)."""
+    out = []
+    for mb in rows:
+        with ctx():
+            logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                       mb.completion_mask, temperature)
+        out.append(logp.float())
+    return out

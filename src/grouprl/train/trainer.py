@@ -1,0 +1,163 @@
+"""``GRPOTrainer``: a thin facade for users who expect TRL's shape; the algorithm lives in ``loop.train``.
+
+    trainer = GRPOTrainer(model="Qwen/Qwen2.5-0.5B-Instruct", config=GRPOConfig(...),
+                          train_dataset=ds, reward_funcs=["accuracy", my_fn])
+    trainer.train()
+    trainer.save_model("out/final")
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+from grouprl.config import GRPOConfig
+from grouprl.data.load import check_rows, load_dataset_any
+from grouprl.errors import ConfigError
+
+
+class GRPOTrainer:
+    """Holds the config, the model, the data and the reward functions, and calls the loop.
+
+    ``model``: a hub id, a local path, ``builtin:<name>`` or a loaded ``PreTrainedModel`` (``None`` =
+    ``config.model``). ``config`` (or TRL's ``args``): a GRPOConfig. ``train_dataset`` / ``eval_dataset``:
+    a ``datasets.Dataset``, a list of dicts, or anything ``config.dataset`` accepts (``None`` = from the
+    config). ``processing_class``: the tokenizer (``None`` = loaded with the model). ``reward_funcs``: a
+    callable with TRL's signature, a registry name, or a list of them (``None`` = ``config.reward_funcs``).
+    ``peft_config``: a peft ``LoraConfig`` (or set ``config.use_peft``).
+    """
+
+    def __init__(self, model: Any = None, config: GRPOConfig | None = None, train_dataset: Any = None,
+                 processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
+                 eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None) -> None:
+        if config is not None and args is not None and config is not args:
+            raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
+        self.config = cfg = config or args or GRPOConfig()
+        if not isinstance(cfg, GRPOConfig):
+            raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
+                              f"`from grouprl import GRPOConfig`.")
+        cfg.validate()
+        cfg.check_names()  # registry names and kwargs: fail before any model loads
+        from grouprl.train.score import resolve_reward_funcs
+
+        self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
+                                                 cfg.reward_kwargs)
+        if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
+                              f"reward functions were given: one weight per function.")
+        self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
+        self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
+        self.eval_reward_func = eval_reward_func
+        if self.eval_dataset is not None and eval_reward_func is None:
+            self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
+
+        from grouprl.train.model import apply_peft, load_model, load_tokenizer, pick_device
+
+        source = model if model is not None else cfg.model
+        if source is None:
+            raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
+        self.device = pick_device(cfg.device)
+        if processing_class is None:
+            if not isinstance(source, str):
+                source_path = getattr(getattr(source, "config", None), "_name_or_path", None)
+                if not source_path:
+                    raise ConfigError("a loaded model was given without processing_class=tokenizer.")
+                processing_class = load_tokenizer(source_path)
+            else:
+                from grouprl.train.model import resolve_model_path
+
+                processing_class = load_tokenizer(resolve_model_path(source))
+        self.processing_class = self.tokenizer = load_tokenizer(None, processing_class)
+        import transformers
+
+        transformers.set_seed(cfg.seed)
+        self.model = apply_peft(load_model(source, self.device), cfg, peft_config)
+        self.result: dict[str, Any] | None = None
+
+    def _load_split(self, given: Any, split: str | None, limit: int | None, *, required: bool):
+        cfg = self.config
+        if given is not None:
+            ds = load_dataset_any(given, split or "train", **cfg.dataset_kwargs)
+        elif cfg.dataset is not None and split is not None:
+            ds = load_dataset_any(cfg.dataset, split, **cfg.dataset_kwargs)
+        else:
+            ds = None
+        if ds is None:
+            if required:
+                raise ConfigError(f"no training data: pass train_dataset=... or set `dataset` in the config "
+                                  f"(split {split!r} was not found).")
+            return None
+        if limit is not None:
+            ds = ds.select(range(min(limit, len(ds))))
+        check_rows(ds, cfg.prompt_column)
+        return ds
+
+    def train(self, resume_from_checkpoint: Any = None) -> dict[str, Any]:
+        """Run the loop; print a summary; the final model goes to ``<output_dir>/final``."""
+        from grouprl.train.loop import save_final, train
+
+        cfg = self.config
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+        cfg.to_yaml(Path(cfg.output_dir) / "config.yaml")
+        self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
+                            self.reward_funcs, self.eval_reward_func, resume=resume_from_checkpoint)
+        final = save_final(self.model, self.tokenizer, Path(cfg.output_dir) / "final")
+        self.result["final_model"] = str(final)
+        print_summary(self.result, cfg)
+        return self.result
+
+    def save_model(self, path: str | Path) -> Path:
+        """``save_pretrained`` the model (an adapter for LoRA runs) and the tokenizer into ``path``."""
+        from grouprl.train.loop import save_final
+
+        return save_final(self.model, self.tokenizer, path)
+
+    def evaluate(self, **overrides: Any) -> dict[str, Any]:
+        """Held-out accuracy of the current model (greedy unless ``temperature`` > 0)."""
+        from grouprl.rollout import make_backend
+        from grouprl.train.evaluate import evaluate
+
+        cfg = self.config
+        if self.eval_dataset is None:
+            raise ConfigError("no eval split: set eval_split and dataset, or pass eval_dataset=.")
+        params = dict(prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt,
+                      max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                      max_prompt_length=cfg.max_prompt_length, temperature=cfg.eval_temperature,
+                      num_samples=cfg.eval_num_samples, batch_size=cfg.eval_batch_size)
+        params.update(overrides)
+        rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
+        backend = make_backend(cfg.rollout_backend, self.model, self.tokenizer)
+        return evaluate(backend, self.tokenizer, rows, self.eval_reward_func, **params)
+
+
+def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
+    """Held-out accuracy before/after, the reward curve, where the logs are, how to rerun evaluation."""
+    from rich.console import Console
+
+    from grouprl.train.metrics import summarize_rewards
+
+    console = Console()
+    evals = result.get("evals", {})
+    lines = [f"[bold]grouprl: trained {result['global_step']} steps[/bold]"]
+    before, after = evals.get("before", {}), evals.get("after", {})
+    if before or after:
+        fmt = lambda e: f"{e['accuracy']:.3f}" if e and e.get("accuracy") == e.get("accuracy") else "-"  # noqa: E731
+        lines.append(f"held-out accuracy: before {fmt(before)}  ->  after {fmt(after)}"
+                     f"  ({after.get('num_prompts', before.get('num_prompts', 0))} prompts, "
+                     f"{'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'})")
+    curve = summarize_rewards(result.get("history", []))
+    if curve:
+        lines.append(f"train reward: first {curve['first']:.3f}, last {curve['last']:.3f}, max {curve['max']:.3f}; "
+                     f"mean of first fifth {curve['first_fifth_mean']:.3f} -> last fifth {curve['last_fifth_mean']:.3f}")
+    lines.append(f"final model:  {result.get('final_model')}")
+    if result.get("last_checkpoint"):
+        lines.append(f"checkpoint:   {result['last_checkpoint']}")
+    lines.append(f"metrics:      {result['metrics_path']}")
+    lines.append(f"samples:      {result['samples_path']}")
+    if result.get("tensorboard_dir"):
+        lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
+    recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
+    lines.append(f"re-evaluate:  grouprl eval -c {recipe} --checkpoint "
+                 f"{shlex.quote(str(result.get('final_model')))}")
+    console.print("\n".join(lines), highlight=False, soft_wrap=True)

@@ -1,0 +1,103 @@
+"""Two-step runs of the whole loop on a random tiny Qwen2 / Llama, through the Python API and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from train_helpers import REQUIRED_METRICS, char_reward, is_finite, read_metrics, train_records
+
+from grouprl import GRPOTrainer
+
+
+def _weights(model):
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "gspo"])
+def test_two_steps_finite_metrics_and_parameters_move(algorithm, tiny_model_dir, train_rows, fast_config):
+    cfg = fast_config(algorithm=algorithm)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    before = _weights(trainer.model)
+    result = trainer.train()
+    assert result["global_step"] == 2
+    records = train_records(cfg.output_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for rec in records:
+        missing = [k for k in REQUIRED_METRICS if k not in rec]
+        assert not missing, f"metrics missing: {missing}"
+        assert "rewards/char_reward/mean" in rec and "rewards/char_reward/std" in rec
+        for key in REQUIRED_METRICS:
+            if key != "kl":  # no reference model when kl_coef = 0: logged as null
+                assert is_finite(rec[key]), (key, rec[key])
+        assert rec["kl"] is None
+        assert rec["time/ref_forward"] == 0.0 and rec["time/old_logp_forward"] == 0.0  # on-policy, no ref
+        assert rec["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-5)  # on-policy: ratio 1 in value
+        assert 0 < rec["completions/mean_length"] <= 8
+    after = _weights(trainer.model)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert len(changed) == len(before), "every parameter receives gradient and moves"
+    assert (tmp := json.loads(open(f"{cfg.output_dir}/samples.jsonl").readline()))["rewards"].keys() == {"char_reward"}
+    assert set(tmp) >= {"prompt", "completion", "reward", "rewards", "advantage"}
+
+
+def test_kl_path_uses_frozen_reference(tiny_llama_dir, train_rows, fast_config):
+    cfg = fast_config(kl_coef=0.1, kl_estimator="k3", report_to="tensorboard")
+    trainer = GRPOTrainer(model=str(tiny_llama_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    start = _weights(trainer.model)
+    result = trainer.train()
+    records = train_records(cfg.output_dir)
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # first step: policy == reference
+    assert is_finite(records[1]["kl"]) and records[1]["kl"] > 0  # after one update the policy has moved
+    assert records[1]["loss/total"] == pytest.approx(records[1]["loss/policy"] + 0.1 * records[1]["loss/kl"], rel=1e-4)
+    assert all(r["time/ref_forward"] > 0 for r in records)
+    assert result["tensorboard_dir"] and list((trainer.config.output_dir and __import__("pathlib").Path(
+        result["tensorboard_dir"])).glob("events.out.tfevents.*"))
+    assert any(not torch.equal(start[k], v) for k, v in _weights(trainer.model).items())
+
+
+def test_lora_reference_is_the_base_without_a_copy(tiny_model_dir, train_rows, fast_config):
+    from grouprl.train.model import Reference
+
+    cfg = fast_config(use_peft=True, lora_r=4, lora_alpha=8, kl_coef=0.05, learning_rate=5e-3)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    ref = Reference(trainer.model)
+    assert ref.shared and ref.model is trainer.model  # no second copy of the weights
+    before = _weights(trainer.model)
+    trainer.train()
+    after = _weights(trainer.model)
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved and all("lora_" in k for k in moved)  # only the adapter trains; the base is pi_ref
+    records = train_records(cfg.output_dir)
+    assert records[1]["kl"] > 0 and math.isfinite(records[1]["kl"])
+    saved = trainer.save_model(cfg.output_dir + "/adapter")
+    assert (saved / "adapter_config.json").is_file()
+
+
+def test_cli_train_then_eval(tiny_model_dir, tmp_path, capsys):
+    from pathlib import Path
+
+    from grouprl.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (data / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:3]))
+    recipe = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
+    out = tmp_path / "run"
+    rc = main(["train", "-c", str(recipe), f"model={tiny_model_dir}", f"dataset={data}", f"output_dir={out}",
+               "algorithm=gspo"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "held-out accuracy: before" in text and f"grouprl eval -c {out}/config.yaml --checkpoint" in text
+    records = read_metrics(out)
+    assert [r["eval/tag"] for r in records if "eval/tag" in r] == ["before", "after"]
+    assert [r["step"] for r in records if "reward" in r] == [1, 2]
+    assert (out / "checkpoint-1" / "trainer_state.pt").is_file() and (out / "final" / "config.json").is_file()
+    rc = main(["eval", "-c", str(out / "config.yaml"), "--checkpoint", str(out / "final"), "--json"])
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["num_prompts"] == 3 and 0.0 <= result["accuracy"] <= 1.0 and "pass@1" in result
