@@ -75,7 +75,7 @@ def _step_gradient(loss_name, agg_name, micro_batch):
     return w.grad
 
 
-@pytest.mark.parametrize("loss_name", ["grpo", "gspo", "cispo"])
+@pytest.mark.parametrize("loss_name", POLICY_LOSSES.names())
 @pytest.mark.parametrize("agg_name", AGGREGATIONS.names())
 def test_microbatch_accumulation_equals_full_batch(agg_name, loss_name):
     # 1 x 8 (full batch), 4 x 2 and 8 x 1 micro-batches must give the same step gradient.
