@@ -298,13 +298,18 @@ def _micro_batches(ctx: RunContext, batch: dict[str, Any], timers: Timers) -> li
 
 
 # ---- one optimizer step -----------------------------------------------------------------------------
+def step_totals(mbs: list[MicroBatch], max_new_tokens: int) -> dict[str, int]:
+    """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation."""
+    return {"num_tokens": int(sum(int(mb.loss_mask.sum()) for mb in mbs)),
+            "num_seqs": sum(mb.prompt_ids.shape[0] for mb in mbs), "max_len": max_new_tokens}
+
+
 def optimizer_step(ctx: RunContext, mbs: list[MicroBatch], spec: LossSpec, optimizer: Any, scheduler: Any,
                    timers: Timers) -> dict[str, float]:
     """Accumulate the micro-batch gradients (normalised by the whole step's totals), clip, step."""
     cfg = ctx.cfg
     mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
-    totals = {"num_tokens": int(sum(int(mb.loss_mask.sum()) for mb in mbs)),
-              "num_seqs": sum(mb.prompt_ids.shape[0] for mb in mbs), "max_len": cfg.max_new_tokens}
+    totals = step_totals(mbs, cfg.max_new_tokens)
     acc: dict[str, torch.Tensor] = {}
     with timers("policy_fwd_bwd"):
         for mb in mbs:

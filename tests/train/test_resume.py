@@ -1,0 +1,95 @@
+"""Exact resume: a run stopped after step k and resumed matches the uninterrupted run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from train_helpers import char_reward, train_records
+
+from grouprl import GRPOTrainer
+from grouprl.errors import RewardError
+
+COMPARED = ["reward", "reward_std", "advantage/std", "loss/policy", "grad_norm", "lr", "entropy",
+            "policy/ratio_mean", "policy/ratio_max", "completions/mean_length"]
+
+
+def _config(fast_config, out, **kw):
+    # 2 optimizer steps per generation round (steps_per_generation = 2 x GA) -> old log-probs are used and
+    # a checkpoint after an odd step lies in the middle of a round.
+    return fast_config(output_dir=str(out), max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2,
+                       save_strategy="steps", save_steps=1, lr_scheduler_type="cosine", warmup_steps=1, **kw)
+
+
+def _assert_same(a, b, steps):
+    by_step_a = {r["step"]: r for r in a}
+    by_step_b = {r["step"]: r for r in b}
+    for step in steps:
+        for key in COMPARED:
+            assert by_step_b[step][key] == pytest.approx(by_step_a[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+class Crash:
+    """A reward that works for ``calls`` rounds and then raises: a run that dies mid-training."""
+
+    def __init__(self, calls):
+        self.calls, self.__name__ = calls, "char_reward"
+
+    def __call__(self, completions, **kw):
+        self.calls -= 1
+        if self.calls < 0:
+            raise KeyboardInterrupt("simulated kill")
+        return char_reward(completions)
+
+
+def test_resume_matches_uninterrupted_run(tiny_model_dir, train_rows, fast_config, tmp_path):
+    full = _config(fast_config, tmp_path / "full")
+    t_full = GRPOTrainer(model=str(tiny_model_dir), config=full, train_dataset=train_rows, reward_funcs=char_reward)
+    t_full.train()
+    reference = train_records(full.output_dir)
+    final_full = {k: v.clone() for k, v in t_full.model.state_dict().items()}
+
+    # killed while generating the round of step 3: the newest checkpoint is step 2 (a round boundary)
+    killed = _config(fast_config, tmp_path / "killed")
+    t_kill = GRPOTrainer(model=str(tiny_model_dir), config=killed, train_dataset=train_rows, reward_funcs=Crash(1))
+    with pytest.raises((KeyboardInterrupt, RewardError)):
+        t_kill.train()
+    t_resume = GRPOTrainer(model=str(tiny_model_dir), config=killed, train_dataset=train_rows,
+                           reward_funcs=char_reward)
+    t_resume.train(resume_from_checkpoint=True)
+    resumed = train_records(killed.output_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # metrics.jsonl appended, not rewritten
+    _assert_same(reference, resumed, [3, 4])
+    for k, v in t_resume.model.state_dict().items():
+        torch.testing.assert_close(v, final_full[k], rtol=1e-5, atol=1e-6)
+
+    # resumed from checkpoint-1, in the middle of a generation round (the round is restored, not redrawn)
+    mid = _config(fast_config, tmp_path / "mid", resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-1"))
+    t_mid = GRPOTrainer(model=str(tiny_model_dir), config=mid, train_dataset=train_rows, reward_funcs=char_reward)
+    t_mid.train()
+    _assert_same(reference, train_records(mid.output_dir), [2, 3, 4])
+
+
+def test_checkpoints_are_atomic_and_rotated(tiny_model_dir, train_rows, fast_config, tmp_path):
+    from grouprl.train.checkpoint import list_checkpoints
+
+    cfg = _config(fast_config, tmp_path / "rot", save_total_limit=2)
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward).train()
+    names = [p.name for p in list_checkpoints(cfg.output_dir)]
+    assert names == ["checkpoint-2", "checkpoint-3"]  # save_steps=1, last step is the final model; limit 2
+    assert not list((tmp_path / "rot").glob(".tmp-*"))
+    ckpt = tmp_path / "rot" / "checkpoint-3"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 3 and state["data"] == {"epoch": 0, "pos": 2 * 2}
+    assert {"optimizer", "scheduler", "rng", "round", "round_step"} <= set(state)
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(ckpt) is not None  # plain HF format
+
+
+def test_resume_without_checkpoint_is_a_clear_error(tiny_model_dir, train_rows, fast_config, tmp_path):
+    from grouprl.errors import ConfigError
+
+    cfg = _config(fast_config, tmp_path / "empty")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    with pytest.raises(ConfigError, match="holds no checkpoint"):
+        trainer.train(resume_from_checkpoint=True)
