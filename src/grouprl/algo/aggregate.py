@@ -80,7 +80,7 @@ def seq_mean_token_sum_norm(
 ) -> torch.Tensor:
     """Dr. GRPO: token sums divided by a CONSTANT length: sum_{i,t} m l / (num_seqs * max_len).
 
-    Paper: Liu et al. 2025, arXiv 2503.20783, Eq. (2)/Sec. 3.2: replacing 1/|o_i| by a constant removes
+    Paper: Liu et al. 2025, arXiv 2503.20783, Sec. 3.2: replacing 1/|o_i| by a constant removes
     the length bias of the per-sequence mean. ``max_len`` should be the generation budget
     (max_new_tokens; default: T of this batch, which changes with padding -- pass it when
     micro-batching); ``num_seqs`` as in ``seq_mean_token_mean``. Same normaliser as TRL's ``dr_grpo``.

@@ -107,11 +107,11 @@ def grpo_loss(
 
         L_{i,t} = -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - eps_low, 1 + eps_high) A_i)
 
-    - ``eps_high > eps_low`` is DAPO's clip-higher (arXiv 2503.14476, Eq. 10; 0.2 / 0.28 there).
+    - ``eps_high > eps_low`` is DAPO's clip-higher (arXiv 2503.14476, Eq. 8; 0.2 / 0.28 there).
     - ``dual_clip = c > 1``: for A < 0 the loss is additionally capped at -c A (Ye et al. 2020,
-      arXiv 1912.09729, Eq. 5), bounding the push-down of tokens whose ratio exploded.
+      arXiv 1912.09729), bounding the push-down of tokens whose ratio exploded.
     - ``delta > 1 + eps_high``: the unclipped ratio is capped at delta, so for A < 0 the loss is at most
-      delta |A| (INTELLECT-2 two-sided clipping, arXiv 2505.07291, Sec. 3.3).
+      delta |A| (INTELLECT-2 two-sided clipping, arXiv 2505.07291).
 
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
     Example: rho = 1.5, A = 1, eps = 0.2 -> objective min(1.5, 1.2) = 1.2, loss -1.2, zero gradient.
