@@ -55,8 +55,8 @@ def dapo_overlong_penalty(length: int, max_len: int, buffer: int) -> float:
 
 
 def ngram_repetition(text: str, n: int = 4) -> float:
-    """Fraction of word n-grams that repeat an earlier one (0.0 with fewer than 20 n-grams)."""
-    toks = [t.lower() for t in _text.tokens(text)]
+    """Fraction of word n-grams (markup tags left out) that repeat an earlier one (0.0 below 20 n-grams)."""
+    toks = [t.lower() for t in _text.tokens(_MARKUP.sub(" ", text))]
     grams = [tuple(toks[i : i + n]) for i in range(len(toks) - n + 1)]
     if len(grams) < 20:
         return 0.0

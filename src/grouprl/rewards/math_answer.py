@@ -114,7 +114,7 @@ def _parse(text: str) -> tuple:
     body = text.strip("$").strip()
     for form in (f"${body}$", text):
         try:
-            got = parse(form, parsing_timeout=None)
+            got = parse(form, fallback_mode="no_fallback", parsing_timeout=None)
         except Exception:  # noqa: BLE001 - math-verify/sympy may raise anything on odd input
             got = []
         if got:

@@ -1,0 +1,112 @@
+"""Math accuracy: where the answer is taken from, how it is compared, and the time limit."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from grouprl.rewards import accuracy_reward, extract_answer, math_reward
+from grouprl.rewards.math_answer import HEDGE, answers_match
+
+SEED = (
+    "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
+    "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
+)
+
+
+@pytest.mark.parametrize(
+    "completion, strict, expected",
+    [
+        # seed 5.3: no final-answer region (only a tool call after </think>) -> last number of the reasoning;
+        # the seed's last-number-of-the-whole-string listing gave "2" from the tool arguments.
+        (SEED, False, "78.54"),
+        (SEED, True, None),
+        ("<think>r = 5</think> The area is \\boxed{25\\pi}.", True, "25\\pi"),
+        ("<think>so 7</think>\nAnswer: 42", True, "42"),
+        ("<think>计算</think>答案：12", True, "12"),
+        ("The answer is 3/4.", True, "3/4"),
+        ("<think>try 3 then 5</think>\nSo it is 8 apples.\nHope that helps!", True, "So it is 8 apples."),
+        # chat template opened <think>: only </think> appears
+        ("we get 6 * 7 = 42 </think> \\boxed{42}", True, "42"),
+        # unfinished reasoning: non-strict falls back to the last number, strict has nothing
+        ("<think>first 3, then 9", False, "9"),
+        ("<think>first 3, then 9", True, None),
+        # a boxed answer inside the reasoning is preferred to its last number
+        ("<think>so \\boxed{16}, check: 4 * 4</think>", False, "16"),
+        ("\\boxed{\\frac{1}{2}}", False, "\\frac{1}{2}"),
+        ("no numbers here", False, None),
+        # hedging: two different boxed answers / answer lines
+        ("\\boxed{78} or maybe \\boxed{79}", False, HEDGE),
+        ("Answer: 78\nAnswer: 79", False, HEDGE),
+        # the same answer twice is not hedging
+        ("\\boxed{0.5} i.e. \\boxed{\\frac{1}{2}}", False, "\\frac{1}{2}"),
+    ],
+)
+def test_extract_answer(completion, strict, expected):
+    assert extract_answer(completion, strict=strict) == expected
+
+
+def test_seed_example_accuracy_default_and_strict():
+    assert accuracy_reward(SEED, "78.54") == 1.0
+    assert accuracy_reward(SEED, "78.54", strict=True) == 0.0
+    assert math_reward(SEED, answer="2") == 0.0  # the tool-call argument "5**2" is never the answer
+
+
+@pytest.mark.parametrize(
+    "pred, gold, expected",
+    [
+        ("78.54", "78.54", True),
+        ("78.9", "78.54", True),  # |78.9 - 78.54| / 78.54 = 0.46 % < 1 %
+        ("79.4", "78.54", False),  # 1.09 % > 1 %
+        ("25\\pi", "78.54", True),  # 78.5398..., 0.0003 % off
+        ("1,000", "1000", True),
+        ("1001", "1000", False),  # integer gold answers (counts) need the exact value
+        ("1000.0", "1000", True),
+        ("\\frac{1}{2}", "0.5", True),
+        ("0.25", "25\\%", True),
+        ("\\{2, 1\\}", "\\{1, 2\\}", True),
+        ("[1, 2)", "[1, 2)", True),
+        ("(1, 2)", "[1, 2)", False),
+        ("\\sqrt{2}", "1.41421356", True),
+        ("x^2 + 1", "1 + x^2", True),
+        ("hello", "5", False),
+    ],
+)
+def test_answers_match(pred, gold, expected):
+    assert answers_match(pred, gold) is expected
+
+
+def test_tolerance_is_configurable():
+    assert math_reward("\\boxed{78.9}", answer="78.54") == 1.0
+    assert math_reward("\\boxed{78.9}", answer="78.54", tolerance=1e-3) == 0.0
+    assert math_reward("\\boxed{1001}", answer="1000", integer_exact=False) == 1.0
+
+
+@pytest.mark.parametrize("gold", [None, "", "   ", "\\text{}", "???"])
+def test_unparseable_or_missing_ground_truth_is_none(gold):
+    assert math_reward("\\boxed{4}", answer=gold) is None
+
+
+def test_numeric_and_list_ground_truths():
+    assert math_reward("\\boxed{4}", answer=4) == 1.0
+    assert math_reward("\\boxed{-4}", answer=["4", "-4"]) == 1.0
+
+
+def test_pathological_input_respects_the_time_limit():
+    tower = "\\boxed{9^{9^{9^{9^{9}}}}}"
+    start = time.monotonic()
+    assert math_reward(tower, answer="5", time_limit=1.0) == 0.0
+    assert time.monotonic() - start < 10.0  # killed worker, not a hang (generous bound for a loaded CI box)
+    # the worker restarts: a risky-looking but cheap input still gets its true result
+    assert math_reward("\\boxed{2^{10}}", answer="1024", time_limit=5.0) == 1.0
+
+
+def test_works_outside_the_main_thread():
+    """math-verify's signal-based timeout would raise here; ours is disabled."""
+    out = []
+    t = threading.Thread(target=lambda: out.append(math_reward("\\boxed{\\frac{3}{4}}", answer="0.75")))
+    t.start()
+    t.join(60)
+    assert out == [1.0]
