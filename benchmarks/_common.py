@@ -35,9 +35,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 # Names of the per-step breakdown; "other" is the step's wall time minus the sum of these.
-PHASES = ("generate", "reward", "ref_logp", "old_logp", "policy_fwd", "policy_bwd", "optimizer")
-# Phases that are model or reward work; everything else (including the optimizer) is framework time.
-MODEL_PHASES = ("generate", "reward", "ref_logp", "old_logp", "policy_fwd", "policy_bwd")
+# policy_fwd_bwd = forward of the policy with grad + loss math + backward, over all micro-batches.
+PHASES = ("generate", "reward", "ref_logp", "old_logp", "policy_fwd_bwd", "optimizer")
+# Phases that are model or reward work; the optimizer and "other" are the rest.
+MODEL_PHASES = ("generate", "reward", "ref_logp", "old_logp", "policy_fwd_bwd")
+# Finer phases a side may report in addition (counted inside policy_fwd_bwd, not added again).
+DETAIL = ("policy_fwd", "policy_bwd")
 
 
 @dataclass
@@ -205,9 +208,12 @@ class StepClock:
 
     def start(self) -> None:
         self.t0 = self.last = time.perf_counter()
+        self.last_cpu = time.process_time()
 
     def add(self, name: str, seconds: float) -> None:
         self.current[name] += seconds
+        if name in DETAIL:
+            self.current["policy_fwd_bwd"] += seconds
 
     def timed(self, name: str, fn):
         def wrapper(*args, **kwargs):
@@ -221,10 +227,13 @@ class StepClock:
 
     def end_step(self) -> None:
         now = time.perf_counter()
-        row = {k: self.current.get(k, 0.0) for k in PHASES}
+        row = {k: self.current.get(k, 0.0) for k in (*PHASES, *DETAIL)}
         row["step_time"] = now - self.last
         row["other"] = row["step_time"] - sum(row[k] for k in PHASES)
         row["completion_tokens"] = float(self.tokens)
+        cpu = time.process_time()
+        row["cpu_time"] = cpu - self.last_cpu
+        self.last_cpu = cpu
         self.steps.append(row)
         self.current = defaultdict(float)
         self.tokens = 0
@@ -245,10 +254,11 @@ def summarize_steps(steps: list[dict[str, float]], warmup_steps: int, losses: li
     """
     steady = steps[warmup_steps:] or steps
     cycles = [steady[i:i + cycle] for i in range(0, len(steady) - cycle + 1, cycle)] or [steady]
-    sums = [{k: sum(r[k] for r in c) / len(c) for k in (*PHASES, "other", "step_time", "completion_tokens")}
-            for c in cycles]
+    keys = (*PHASES, *DETAIL, "other", "step_time", "completion_tokens", "cpu_time")
+    sums = [{k: sum(r.get(k, 0.0) for r in c) / len(c) for k in keys} for c in cycles]
     sums.sort(key=lambda r: r["step_time"])
     breakdown = sums[(len(sums) - 1) // 2]
+    cpu_median = statistics.median(r["cpu_time"] for r in sums)
     wall = sum(r["step_time"] for r in steady)
     model_time = sum(breakdown[k] for k in MODEL_PHASES)
     step_time = breakdown["step_time"]
@@ -257,10 +267,11 @@ def summarize_steps(steps: list[dict[str, float]], warmup_steps: int, losses: li
         "steady_steps": len(steady),
         "steps_per_s": 1.0 / step_time,
         "steps_per_s_mean": len(steady) / wall,
+        "steps_per_cpu_s": 1.0 / cpu_median if cpu_median > 0 else float("nan"),
         "completion_tokens_per_s": breakdown["completion_tokens"] / step_time,
         "completion_tokens": sum(r["completion_tokens"] for r in steps),
         "total_wall_s": sum(r["step_time"] for r in steps),
-        "breakdown_s_per_step": {k: v for k, v in breakdown.items() if k != "completion_tokens"},
+        "breakdown_s_per_step": {k: v for k, v in breakdown.items() if k not in ("completion_tokens", "cpu_time")},
         "overhead_frac": (step_time - model_time - breakdown["optimizer"]) / step_time,
         "overhead_incl_optimizer_frac": (step_time - model_time) / step_time,
         "losses": losses,
@@ -276,7 +287,8 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
     if not ok:
         return {"ok": False, "errors": [r.get("log_tail", "")[-1500:] for r in runs]}
     med = {k: statistics.median(r[k] for r in ok)
-           for k in ("steps_per_s", "steps_per_s_mean", "completion_tokens_per_s", "peak_rss_mib", "overhead_frac",
+           for k in ("steps_per_s", "steps_per_s_mean", "steps_per_cpu_s", "completion_tokens_per_s", "peak_rss_mib",
+                     "overhead_frac",
                      "overhead_incl_optimizer_frac")}
     med["breakdown_s_per_step"] = {
         k: statistics.median(r["breakdown_s_per_step"][k] for r in ok) for k in ok[0]["breakdown_s_per_step"]
@@ -300,7 +312,7 @@ def workload_dict(w: Workload) -> dict[str, Any]:
 
 
 __all__ = [
-    "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "StepClock", "Workload", "child_env",
+    "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "StepClock", "Workload", "child_env",
     "make_checkpoint", "make_dataset_rows", "median_result", "number_reward", "run_child",
     "summarize_steps", "workload_dict",
 ]

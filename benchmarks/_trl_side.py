@@ -7,8 +7,8 @@ The per-step breakdown wraps TRL's own methods on the trainer instance:
 - ``reward``: ``_calculate_rewards``;
 - ``ref_logp`` / ``old_logp``: ``_get_per_token_logps_and_entropies`` under ``no_grad`` with the reference
   / policy model;
-- ``policy_fwd``: the same method with grad enabled (policy forward + log-prob gather);
-- ``policy_bwd``: ``accelerator.backward``;
+- ``policy_fwd_bwd``: ``compute_loss`` (policy forward with grad, log-prob gather and the loss math;
+  reported alone as ``policy_fwd``) plus ``accelerator.backward`` (``policy_bwd``);
 - ``optimizer``: ``optimizer.step()`` (between the ``on_pre_optimizer_step`` / ``on_optimizer_step``
   callbacks);
 - ``other``: the rest of the wall time of the optimizer step (data loading, advantage and loss math,
@@ -88,13 +88,13 @@ def _instrument(trainer: Any, clock: StepClock) -> None:
     logps = trainer._get_per_token_logps_and_entropies
 
     def per_token_logps(model, *args, **kwargs):
-        if torch.is_grad_enabled():
-            name = "policy_fwd"
-        else:
-            name = "ref_logp" if model is trainer.ref_model else "old_logp"
+        if torch.is_grad_enabled():  # the policy forward inside compute_loss, timed there
+            return logps(model, *args, **kwargs)
+        name = "ref_logp" if model is trainer.ref_model else "old_logp"
         return clock.timed(name, logps)(model, *args, **kwargs)
 
     trainer._get_per_token_logps_and_entropies = per_token_logps
+    trainer.compute_loss = clock.timed("policy_fwd", trainer.compute_loss)
     trainer.accelerator.backward = clock.timed("policy_bwd", trainer.accelerator.backward)
 
 

@@ -81,7 +81,7 @@ def ratios(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float | None]:
         return {}
     return {
         k: a[k] / b[k]
-        for k in ("steps_per_s", "completion_tokens_per_s", "peak_rss_mib")
+        for k in ("steps_per_s", "steps_per_s_mean", "steps_per_cpu_s", "completion_tokens_per_s", "peak_rss_mib")
     }
 
 
@@ -96,7 +96,8 @@ def compare(w: Workload, model_dir: str, repeats: int, libs: tuple[str, ...], lo
             res.pop("steps_rows", None)
             runs[lib].append(res)
             if res["ok"]:
-                log(f"[{w.name}] rep {rep} {lib}: {res['steps_per_s']:.3f} steps/s, "
+                log(f"[{w.name}] rep {rep} {lib}: {res['steps_per_s']:.3f} steps/s "
+                    f"({res['steps_per_cpu_s']:.3f}/cpu-s), "
                     f"{res['completion_tokens_per_s']:.0f} tok/s, {res['peak_rss_mib']:.0f} MiB")
             else:
                 log(f"[{w.name}] rep {rep} {lib}: FAILED rc={res['returncode']}\n{res['log_tail'][-2000:]}")
