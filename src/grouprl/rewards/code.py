@@ -60,38 +60,56 @@ def _tests_from(answer: Any, tests: Any, meta: dict[str, Any]) -> Any:
     return answer
 
 
-def code_reward_details(
-    completion: str,
-    *,
-    answer: Any = None,
-    tests: Any = None,
-    entry_point: str | None = None,
-    prompt: str | None = None,
-    timeout: float = 10.0,
-    isolation: str = "auto",
-    **meta: Any,
-):
-    """Run the completion and return the sandbox's :class:`~grouprl.sandbox.SandboxResult`.
-
-    ``prompt`` is prepended when the completion does not define ``entry_point`` itself (HumanEval
-    completions that continue the prompt's function body). ``timeout`` is the per-job wall-clock budget.
-    """
-    from grouprl.sandbox import SandboxResult, normalize_tests, run_tests
+def prepare_job(completion: str, *, answer: Any = None, tests: Any = None, entry_point: str | None = None,
+                prompt: str | None = None, **meta: Any):
+    """The sandbox job for one completion: a :class:`~grouprl.sandbox.CodeJob` (``code`` None when the
+    completion holds no code). ``prompt`` is prepended when the code does not define ``entry_point``
+    itself (HumanEval completions that continue the prompt's function body)."""
+    from grouprl.sandbox import CodeJob, normalize_tests
 
     suite_src = _tests_from(answer, tests, meta)
     if suite_src is None:
-        return SandboxResult.not_run("no_tests", "no tests given (tests=, test= or answer=)", 0)
+        from grouprl.errors import DataError
+
+        raise DataError("code reward: no tests given; pass tests= (or a 'test'/'test_list' column, or answer=)")
     suite = normalize_tests(suite_src, entry_point=entry_point)
     code = extract_code(completion)
     if code is not None and entry_point and prompt and not _defines(code, entry_point):
         code = prompt + code
     if code is None and prompt and entry_point and isinstance(completion, str) and completion.strip():
         code = prompt + completion
-    if code is None:
-        from grouprl.sandbox.suite import suite_size
+    return CodeJob(code, suite, entry_point)
 
-        return SandboxResult.not_run("no_code", "no Python code found in the completion", suite_size(suite))
-    return run_tests(code, suite, timeout=timeout, isolation=isolation)
+
+def code_reward_details(completion: str, *, timeout: float = 10.0, isolation: str = "auto", **kwargs: Any):
+    """Run the completion and return the sandbox's :class:`~grouprl.sandbox.SandboxResult`: per-test
+    status and reason, ``status`` ("ok", "error", "timeout", "sandbox_error", "no_code") and ``reward``.
+    ``timeout`` is the job's wall-clock budget in seconds."""
+    from grouprl.sandbox import SandboxResult, run_tests, suite_size
+
+    job = prepare_job(completion, **kwargs)
+    if job.code is None:
+        return SandboxResult.not_run("no_code", "no Python code found in the completion", suite_size(job.tests))
+    return run_tests(job.code, job.tests, timeout=timeout, isolation=isolation)
+
+
+def code_reward_batch(
+    completions: list[str],
+    *,
+    workers: int | None = None,
+    timeout: float = 10.0,
+    budget: float | None = None,
+    isolation: str = "auto",
+    **columns: Any,
+) -> list[float | None]:
+    """Batch form for the trainer: ``columns`` are per-completion lists (tests=[...], entry_point=[...],
+    prompt=[...]); jobs run in parallel on ``workers`` cores, ``budget`` bounds the whole batch."""
+    from grouprl.sandbox import run_many
+
+    rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list)} for i in range(len(completions))]
+    jobs = [prepare_job(c, **row) for c, row in zip(completions, rows)]
+    results = run_many(jobs, workers=workers, timeout=timeout, budget=budget, isolation=isolation)
+    return [r.reward for r in results]
 
 
 @REWARDS.register("code")
@@ -108,3 +126,6 @@ def code_reward(
     result = code_reward_details(completion, answer=answer, tests=tests, timeout=timeout,
                                  isolation=isolation, **meta)
     return result.reward
+
+
+code_reward.batch = code_reward_batch  # type: ignore[attr-defined]

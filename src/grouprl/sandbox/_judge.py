@@ -57,7 +57,7 @@ def _describe_exit(code, limits):
         if sig == signal.SIGXFSZ:
             return "the program was killed by the file size limit ({} MiB)".format(limits["fsize_mb"])
         return f"the program was killed by signal {name}"
-    return "the program's process exited with code %d (exiting is never a pass)" % code
+    return f"the program's process exited with code {code} (exiting is never a pass)"
 
 
 class Server:
@@ -118,7 +118,7 @@ class Server:
             self.buf += chunk
             if len(self.buf) > MAX_LINE:
                 self.kill()
-                raise ProgramDied("the program sent a reply larger than %d bytes" % MAX_LINE)
+                raise ProgramDied(f"the program sent a reply larger than {MAX_LINE} bytes")
         line, _, self.buf = self.buf.partition(b"\n")
         try:
             return json.loads(line)
@@ -270,7 +270,7 @@ def _reason(e):
         return "AssertionError" + (f": {e}" if str(e) else "")
     text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
     if isinstance(e, MemoryError) or "MemoryError" in text:
-        text += " (memory limit %d MiB)" % SPEC["limits"]["as_mb"]
+        text += f" (memory limit {SPEC['limits']['as_mb']} MiB)"
     return text[:1000]
 
 
@@ -306,7 +306,7 @@ def run_code_tests(suite):
                 def test(case=case):
                     got = proxy(*case["args"], **case["kwargs"])
                     if not same(got, case["expected"]):
-                        raise AssertionError("returned %.200r, expected %.200r" % (got, case["expected"]))
+                        raise AssertionError(f"returned {got!r:.200}, expected {case['expected']!r:.200}")
                 run_one(i, session, test)
             return
         setup = suite["check"] if suite["kind"] == "check" else suite["setup"]
@@ -321,7 +321,7 @@ def run_code_tests(suite):
             def test(src=src, i=i):
                 if setup_error is not None:
                     raise setup_error
-                exec(compile(src, "<test %d>" % i, "exec"), ns)
+                exec(compile(src, f"<test {i}>", "exec"), ns)
             run_one(i, session, test)
     finally:
         session.close()
@@ -354,10 +354,10 @@ def run_stdio_tests(suite):
             finally:
                 server.kill()
             if out is None:
-                raise AssertionError("the program wrote more than %d KiB to stdout" % (cap // 1024))
+                raise AssertionError(f"the program wrote more than {cap // 1024} KiB to stdout")
             got = out.decode("utf-8", "replace")
             if _norm_output(got) != _norm_output(case["stdout"]):
-                raise AssertionError("stdout was %.200r, expected %.200r" % (got, case["stdout"]))
+                raise AssertionError(f"stdout was {got!r:.200}, expected {case['stdout']!r:.200}")
         run_one(i, _STDIO_SESSION, test)
 
 

@@ -19,7 +19,7 @@ class WireError(TypeError):
 def encode(v, depth=0):
     """Plain value -> JSON-able tree; raises WireError for anything that is not plain data."""
     if depth > MAX_DEPTH:
-        raise WireError("value nested deeper than %d levels" % MAX_DEPTH)
+        raise WireError(f"value nested deeper than {MAX_DEPTH} levels")
     t = type(v)
     if v is None or t is bool or t is int or t is float or t is str:
         return v
@@ -47,7 +47,7 @@ _SEQ = {"l": list, "t": tuple, "s": set, "f": frozenset}
 def decode(x, depth=0):
     """Inverse of :func:`encode`; builds only exact built-in types."""
     if depth > MAX_DEPTH:
-        raise WireError("value nested deeper than %d levels" % MAX_DEPTH)
+        raise WireError(f"value nested deeper than {MAX_DEPTH} levels")
     t = type(x)
     if x is None or t is bool or t is int or t is float or t is str:
         return x
