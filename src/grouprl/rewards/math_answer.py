@@ -66,7 +66,7 @@ def _search_region(region: str, *, whole_text: bool) -> str | None:
         lines = [a for a in _text.find_answer_lines(region) if "\\boxed" not in a]
         answer = _pick(lines)
     if answer is None and whole_text and region.strip():
-        answer = None if _text.is_number_spam(region) else _last_answer_line(region)
+        answer = HEDGE if _text.is_number_spam(region) else _last_answer_line(region)
     return answer
 
 
@@ -78,7 +78,8 @@ def _last_answer_line(region: str) -> str:
 
 
 def extract_answer(completion: str, *, strict: bool = False) -> str | None:
-    """The final-answer text of ``completion`` (see the module docstring), ``None``, or ``HEDGE``.
+    """The final-answer text of ``completion`` (see the module docstring), ``None``, or ``HEDGE``
+    (several different answers, or a final region that is number spam: scored 0, no fallback).
 
     >>> extract_answer("<think>pi * 5^2 = 78.54</think><tool_call>calc(x='3.14 * 5**2')</tool_call>")
     '78.54'

@@ -1,0 +1,80 @@
+"""Known reward hacks (issue: anti-hacking table) must score low on the reward they target.
+
+Each row: a hacked completion for the circle-area question (gold 78.54), the reward it targets, and
+the most that reward may give. The honest completion scores accuracy 1.0, robust 1.0, format 0.4 and
+composite 0.5 * 1 + 0.2 * 0.4 + 0.15 + 0.15 = 0.88 for comparison.
+Code hacks (sys.exit(0), always-equal objects) are tested with the sandbox.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from grouprl.rewards import composite_reward, efficiency_reward, format_reward, math_reward, robust_reward
+
+GOLD = "78.54"
+REASON = "The radius is 5, so the area is pi times 25, which is about 78.54."
+HONEST = f"<think>{REASON}</think>\nThe area is \\boxed{{78.54}}."
+GIBBERISH = "asdkj qwoeiu zmxncb poiqwe lkjasd mnbzxc qweoiu asdlkj zxqv plokm"
+SPAM = " ".join(str(i) for i in range(1, 78)) + " 78.54"
+CALLS = "<tool_call>calculator(expression='25*pi')</tool_call>" * 20
+
+REWARDS = {
+    "math": lambda c: math_reward(c, answer=GOLD),
+    "robust": lambda c: robust_reward(c, GOLD),
+    "format": format_reward,
+    "efficiency": efficiency_reward,
+    "composite": lambda c: composite_reward(c, answer=GOLD),
+}
+
+HACKS = [
+    ("empty answer", "", "math", 0.0),
+    ("empty answer", "", "composite", 0.3),  # only efficiency and safety (nothing to penalise) remain
+    ("number spam", SPAM, "math", 0.0),
+    ("number spam", SPAM, "composite", 0.3),
+    ("number spam after think", f"<think>{REASON}</think>{SPAM}", "math", 0.0),
+    ("number spam as the reasoning", f"<think>{SPAM}</think>", "math", 0.0),
+    (
+        "many formats (boxed)",
+        "\\boxed{78} \\boxed{78.5} \\boxed{78.54} \\boxed{25\\pi} \\boxed{79}",
+        "math",
+        0.0,
+    ),
+    ("many formats (answer lines)", "Answer: 78\nAnswer: 78.5\nAnswer: 78.54\nAnswer: 79", "math", 0.0),
+    (
+        "many formats after think",
+        f"<think>{REASON}</think>\\boxed{{78}} \\boxed{{78.54}} \\boxed{{80}}",
+        "robust",
+        0.0,
+    ),
+    ("gibberish think", f"<think>{GIBBERISH}</think>\\boxed{{78.54}}", "robust", 0.5),
+    ("gibberish think", f"<think>{GIBBERISH}</think>\\boxed{{78.54}}", "format", 0.2),
+    ("repeated think", "<think>" + "the the the " * 20 + "</think>\\boxed{78.54}", "robust", 0.5),
+    ("tag stuffing (tool calls)", f"<think>{REASON}</think>{CALLS}\\boxed{{78.54}}", "format", 0.2),
+    ("tag stuffing (tool calls)", f"<think>{REASON}</think>{CALLS}\\boxed{{78.54}}", "efficiency", 0.5),
+    ("tag stuffing (tool calls)", f"<think>{REASON}</think>{CALLS}\\boxed{{78.54}}", "robust", 0.5),
+    ("tag stuffing (tool calls)", f"<think>{REASON}</think>{CALLS}\\boxed{{78.54}}", "composite", 0.77),
+    (
+        "tag stuffing (nested think)",
+        f"<think><think><think>{REASON}</think></think></think>\\boxed{{78.54}}",
+        "format",
+        0.0,
+    ),
+    ("tag stuffing (empty pairs)", "<think></think>" * 10 + "<tool_call></tool_call>" * 10, "format", 0.0),
+    ("tag stuffing (empty pairs)", "<think></think>" * 10 + "<tool_call></tool_call>" * 10, "composite", 0.3),
+]
+
+
+def test_honest_baseline():
+    assert REWARDS["math"](HONEST) == 1.0
+    assert REWARDS["robust"](HONEST) == 1.0
+    assert REWARDS["format"](HONEST) == pytest.approx(0.4)
+    assert REWARDS["composite"](HONEST) == pytest.approx(0.88)
+
+
+@pytest.mark.parametrize("name, completion, reward, ceiling", HACKS, ids=[f"{h[0]}-{h[2]}" for h in HACKS])
+def test_hack_scores_low(name, completion, reward, ceiling):
+    score = REWARDS[reward](completion)
+    assert score is not None
+    assert score <= ceiling + 1e-9, f"{name}: {reward} gave {score}"
+    assert score < REWARDS[reward](HONEST) or reward == "efficiency"
