@@ -65,6 +65,11 @@ def _load_file(path: Path):
         raise DataError(f"dataset file {str(path)!r}: unsupported type {path.suffix!r}; use one of "
                         f"{', '.join(FILE_TYPES)}.")
     try:
+        if kind == "csv":  # cells stay text: an answer "007" or "1e3" must reach the reward unchanged
+            import pandas as pd
+
+            frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+            return datasets.Dataset.from_pandas(frame, preserve_index=False)
         return datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as e:
         raise DataError(f"dataset file {str(path)!r} could not be read as {kind}: {e}") from e

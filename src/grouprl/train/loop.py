@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         stream.load_state(saved["data"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
                            progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None)
-    ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_fn, reference, autocast, train_rows)
+    ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_fn, reference, autocast, train_rows,
+                     step, total_steps)
     run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
     try:
         if resume_path is None and cfg.eval_before_train:
@@ -138,6 +140,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         timers = Timers()
         while step < total_steps:
             if rnd is None or round_step >= steps_per_round:
+                ctx.step = step
                 rnd, round_step = generate_round(ctx, stream, timers), 0
             chunk = round_step % (steps_per_round // cfg.num_iterations)
             ga = cfg.gradient_accumulation_steps
@@ -180,6 +183,8 @@ class RunContext:
     reference: Reference | None
     autocast: Any
     rows: Any
+    step: int = 0
+    total_steps: int = 0
 
 
 def _should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:
@@ -213,7 +218,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
         prompts = [r[cfg.prompt_column] for r in expanded]
         columns = reward_columns(expanded, cfg.prompt_column)
         completions = completions_for_rewards(rollout.completions, prompts)
-        totals, components = ctx.scorer.score(prompts, completions, columns)
+        state = SimpleNamespace(global_step=ctx.step, max_steps=ctx.total_steps)
+        totals, components = ctx.scorer.score(prompts, completions, columns, trainer_state=state)
     rewards = torch.tensor(totals, dtype=torch.float32).view(len(rows), G)
     return Scored(rollout, rewards, components, prompts, columns)
 

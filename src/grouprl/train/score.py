@@ -51,11 +51,14 @@ class RewardScorer:
                               f"functions ({', '.join(self.names)}): give one weight per function.")
         self.weights = [float(w) for w in (weights if weights is not None else [1.0] * len(self.funcs))]
 
-    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list]):
+    def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list],
+              trainer_state: Any = None):
+        """``trainer_state`` (TRL's: ``global_step``, ``max_steps``) lets scheduled rewards see progress."""
         n = len(completions)
         components = [[math.nan] * len(self.funcs) for _ in range(n)]
+        extra = {"trainer_state": trainer_state} if trainer_state is not None else {}
         for j, (fn, name) in enumerate(zip(self.funcs, self.names)):
-            values = self._call(fn, name, prompts, completions, columns)
+            values = self._call(fn, name, prompts, completions, {**columns, **extra})
             for i, value in enumerate(values):
                 components[i][j] = self._check_value(value, name, i, completions[i])
         totals = []
@@ -103,7 +106,8 @@ def _find_failing_sample(fn, prompts, completions, columns) -> int | None:
     """Re-run a failing function one sample at a time to name the sample that breaks it."""
     for i in range(len(completions)):
         try:
-            fn(completions=[completions[i]], prompts=[prompts[i]], **{k: [v[i]] for k, v in columns.items()})
+            fn(completions=[completions[i]], prompts=[prompts[i]],
+               **{k: [v[i]] if isinstance(v, list) else v for k, v in columns.items()})
         except Exception:
             return i
     return None

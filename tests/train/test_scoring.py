@@ -1,0 +1,93 @@
+"""Rewards from several functions: weighted, one column each, None = no opinion, loud errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from grouprl.errors import ConfigError, RewardError
+from grouprl.train.score import RewardScorer, resolve_reward_funcs
+
+COMPLETIONS = ["a", "bb", "ccc"]
+PROMPTS = ["p0", "p1", "p2"]
+
+
+def r_len(completions, **kw):
+    return [float(len(c)) for c in completions]
+
+
+def r_none_on_b(completions, **kw):
+    return [None if c.startswith("b") else 1.0 for c in completions]
+
+
+def test_weighted_sum_components_and_none():
+    scorer = RewardScorer([r_len, r_none_on_b], weights=[0.5, 2.0])
+    totals, comps = scorer.score(PROMPTS, COMPLETIONS, {})
+    assert scorer.names == ["r_len", "r_none_on_b"]
+    # sample 0: 0.5*1 + 2*1 = 2.5; sample 1: 0.5*2 + (None: left out) = 1.0; sample 2: 0.5*3 + 2 = 3.5
+    assert totals == [2.5, 1.0, 3.5]
+    assert comps[1][0] == 2.0 and math.isnan(comps[1][1])
+
+
+def test_all_none_gives_nan_total():
+    totals, _ = RewardScorer([lambda completions, **kw: [None] * len(completions)]).score(PROMPTS, COMPLETIONS, {})
+    assert all(math.isnan(t) for t in totals)
+
+
+def test_columns_reach_the_functions_as_lists():
+    seen = {}
+
+    def r(completions, prompts=None, answer=None, **kw):
+        seen.update(prompts=prompts, answer=answer)
+        return [0.0] * len(completions)
+
+    RewardScorer([r]).score(PROMPTS, COMPLETIONS, {"answer": ["1", "2", "3"]})
+    assert seen == {"prompts": PROMPTS, "answer": ["1", "2", "3"]}
+
+
+def test_raising_function_is_named_with_the_failing_sample():
+    def picky(completions, **kw):
+        return [1.0 / (len(c) - 2) for c in completions]  # division by zero on "bb"
+
+    with pytest.raises(RewardError) as e:
+        RewardScorer([picky]).score(PROMPTS, COMPLETIONS, {})
+    msg = str(e.value)
+    assert "reward function 'picky' raised ZeroDivisionError" in msg and "on sample 1 (completion 'bb')" in msg
+
+
+def test_wrong_length_nan_and_non_numbers_are_named():
+    with pytest.raises(RewardError, match="'short' returned 2 values for 3 completions"):
+        RewardScorer([_named("short", lambda c: [1.0, 1.0])]).score(PROMPTS, COMPLETIONS, {})
+    with pytest.raises(RewardError, match=r"'nanny' returned nan for sample 2 \(completion 'ccc'\)\. Return None"):
+        RewardScorer([_named("nanny", lambda c: [1.0, 0.0, float("nan")])]).score(PROMPTS, COMPLETIONS, {})
+    with pytest.raises(RewardError, match="'texty' returned 'good' for sample 0"):
+        RewardScorer([_named("texty", lambda c: ["good", 1, 2])]).score(PROMPTS, COMPLETIONS, {})
+    with pytest.raises(RewardError, match="'scalar' returned float, expected a list of 3 floats"):
+        RewardScorer([_named("scalar", lambda c: 1.0)]).score(PROMPTS, COMPLETIONS, {})
+
+
+def test_weights_must_match_and_names_resolve_through_the_registry():
+    with pytest.raises(ConfigError, match="reward_weights has 1 entries but there are 2"):
+        RewardScorer([r_len, r_len], weights=[1.0])
+    (exact,) = resolve_reward_funcs(["exact"])
+    assert exact.__name__ == "exact"
+    assert exact(["42", "41"], answer=["42", "42"]) == [1.0, 0.0]
+    assert RewardScorer([r_len, r_len]).names == ["r_len", "r_len_2"]
+
+
+def test_reward_errors_surface_from_the_trainer(tiny_model_dir, train_rows, fast_config):
+    from grouprl import GRPOTrainer
+
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=fast_config(), train_dataset=train_rows,
+                          reward_funcs=[_named("broken", lambda c: [1.0] * (len(c) - 1))])
+    with pytest.raises(RewardError, match="'broken' returned 7 values for 8 completions"):
+        trainer.train()
+
+
+def _named(name, body):
+    def fn(completions, **kw):
+        return body(completions)
+
+    fn.__name__ = name
+    return fn
