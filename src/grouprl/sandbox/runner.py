@@ -11,6 +11,7 @@ working directory is removed.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import functools
@@ -36,6 +37,7 @@ from grouprl.sandbox.suite import normalize_tests, suite_size
 UID_BASE, UID_SPAN = 1_800_000_000, 1 << 24
 GRACE_S = 5.0  # parent-side slack over the job budget for start-up and clean-up
 INSIDE_WORKDIR = "/tmp"
+LEASED_UIDS: collections.deque[int] = collections.deque(maxlen=100_000)  # uids this process leased
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def uid_lease() -> Iterator[int | None]:
         except BlockingIOError:
             os.close(fd)
             continue
+        LEASED_UIDS.append(uid)
         try:
             yield uid
         finally:

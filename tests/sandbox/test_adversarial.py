@@ -1,0 +1,175 @@
+"""Hostile programs must be contained: reward 0 with the right reason, the host and this test process
+unaffected, no process left behind (the ``no_leftovers`` fixture scans the process table), and a
+bounded run time (pytest-timeout)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import textwrap
+
+import pytest
+
+from grouprl.sandbox import detect, run_tests
+
+requires_strict = pytest.mark.skipif(not detect().strict, reason="strict isolation (bubblewrap) not available")
+
+pytestmark = [pytest.mark.timeout(90), requires_strict]
+
+
+def run(code: str, tests=("assert f() == 1",), **kw):
+    return run_tests(textwrap.dedent(code), list(tests), **{"timeout": 3.0, **kw})
+
+
+def test_fork_bomb(no_leftovers):
+    res = run("""
+        import os
+        def f():
+            while True:
+                try:
+                    os.fork()
+                except OSError:
+                    pass
+    """)
+    assert res.reward == 0.0 and res.status == "timeout"
+    assert "deadline" in res.tests[0].reason
+
+
+def test_infinite_loop(no_leftovers):
+    res = run("def f():\n    while True:\n        pass\n")
+    assert (res.reward, res.status, res.tests[0].status) == (0.0, "timeout", "timeout")
+
+
+def test_memory_bomb(no_leftovers):
+    res = run("def f():\n    blocks = []\n    while True:\n        blocks.append(bytearray(1 << 26))\n", timeout=10.0)
+    assert res.reward == 0.0 and "MemoryError (memory limit 1024 MiB)" in res.tests[0].reason
+
+
+def test_one_gigabyte_of_output(no_leftovers):
+    res = run("""
+        import sys
+        def f():
+            for _ in range(1024):
+                sys.stdout.write("x" * (1 << 20))
+            return 1
+    """, timeout=10.0)
+    assert res.reward == 0.0 and "File too large" in res.tests[0].reason
+    assert len(res.stdout) <= 4096  # what comes back to the parent is capped
+
+
+def test_one_gigabyte_on_stdout_of_a_stdin_program(no_leftovers):
+    prog = "import sys\nfor _ in range(1024):\n    sys.stdout.write('x' * (1 << 20))\n"
+    res = run_tests(prog, [{"input": "", "output": "x"}], timeout=10.0)
+    assert res.reward == 0.0 and "more than 1024 KiB" in res.tests[0].reason
+
+
+def test_writing_outside_the_workdir(no_leftovers, tmp_path):
+    target = tmp_path / "escaped.txt"
+    repo_file = os.path.abspath("PWNED_BY_SANDBOX")
+    res = run(f"""
+        def f():
+            for path in ({str(target)!r}, {repo_file!r}, "/etc/pwned"):
+                try:
+                    open(path, "w").write("x")
+                    return 1
+                except OSError:
+                    pass
+            return 0
+    """)
+    assert res.reward == 0.0 and res.tests[0].reason.startswith("AssertionError")
+    assert not target.exists() and not os.path.exists(repo_file) and not os.path.exists("/etc/pwned")
+
+
+def test_the_workdir_is_writable_and_private(no_leftovers):
+    res = run("""
+        import os
+        def f():
+            open("scratch.txt", "w").write("ok")
+            return int(open("scratch.txt").read() == "ok" and os.getcwd() == "/tmp")
+    """)
+    assert res.reward == 1.0
+
+
+def test_parent_environment_secrets_do_not_reach_the_program(no_leftovers, monkeypatch):
+    monkeypatch.setenv("API_KEY", "sk-fake-0123456789")
+    res = run("""
+        import os
+        def f():
+            found = os.environ.get("API_KEY", "")
+            for pid in os.listdir("/proc"):
+                try:
+                    found += open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace")
+                except OSError:
+                    pass
+            print(found)
+            return found
+    """, tests=["assert 'sk-fake' in f()"])
+    assert res.reward == 0.0 and res.tests[0].reason.startswith("AssertionError")
+    assert "sk-fake" not in res.stdout + res.stderr
+
+
+def test_socket_to_localhost(no_leftovers):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.setblocking(False)
+    port = server.getsockname()[1]
+    try:
+        res = run(f"""
+            import socket
+            def f():
+                socket.create_connection(("127.0.0.1", {port}), timeout=1).sendall(b"hi")
+                return 1
+        """)
+        assert res.reward == 0.0 and ("ConnectionRefusedError" in res.tests[0].reason or "OSError" in res.tests[0].reason)
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing connected to the host's loopback
+    finally:
+        server.close()
+
+
+def test_signalling_or_killing_the_parent(no_leftovers):
+    me = os.getpid()
+    res = run(f"""
+        import os, signal
+        def f():
+            for pid in (os.getppid(), {me}, 1, -1):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            return 1
+    """)
+    assert res.reward == 0.0 and res.status == "error"
+    assert "judge stopped" in res.tests[0].reason  # it killed the judge: fail closed
+    assert os.getpid() == me  # and this process is alive to check
+
+
+def test_sleeping_past_the_deadline(no_leftovers):
+    res = run("import time\ndef f():\n    time.sleep(600)\n    return 1\n", timeout=2.0)
+    assert (res.reward, res.status) == (0.0, "timeout")
+
+
+def test_detached_grandchild_does_not_outlive_the_job(no_leftovers):
+    res = run("""
+        import os, sys
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv("/bin/sh", ["sh", "-c", "sleep 1000; echo PASSED"])
+            os._exit(0)
+        def f():
+            return 0
+    """)
+    assert res.reward == 0.0 and res.tests[0].reason.startswith("AssertionError")
+
+
+def test_rlimits_and_identity_inside(no_leftovers):
+    res = run("""
+        import os, resource
+        def f():
+            return [os.getuid() != 0, resource.getrlimit(resource.RLIMIT_CORE)[1],
+                    resource.getrlimit(resource.RLIMIT_NPROC)[1], resource.getrlimit(resource.RLIMIT_AS)[1] >> 20,
+                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_FSIZE)[1] >> 20]
+    """, tests=["assert f() == [True, 0, 64, 1024, 128, 16]"])
+    assert res.reward == 1.0, res.reason

@@ -1,0 +1,106 @@
+"""The verdict is decided by the judge, never by the program: none of these tricks may pass."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from grouprl.sandbox import detect, run_tests
+
+requires_strict = pytest.mark.skipif(not detect().strict, reason="strict isolation (bubblewrap) not available")
+
+pytestmark = [pytest.mark.timeout(60), requires_strict]
+WANT = ["assert f(2) == 4", "assert f(3) == 9"]
+
+
+def score(code: str, tests=WANT):
+    return run_tests(textwrap.dedent(code), tests, timeout=5.0)
+
+
+@pytest.mark.parametrize(
+    "code, reason",
+    [
+        ("import sys\nsys.exit(0)\n", "SystemExit"),
+        ("import os\nos._exit(0)\n", "died while loading"),
+        ("import sys\ndef f(x):\n    sys.exit(0)\n", "SystemExit"),
+        ("import os\ndef f(x):\n    os._exit(0)\n", "exited with code 0"),
+    ],
+)
+def test_exiting_is_never_a_pass(code, reason, no_leftovers):
+    res = score(code)
+    assert res.reward == 0.0 and reason in res.tests[0].reason
+
+
+def test_objects_whose_eq_is_always_true(no_leftovers):
+    res = score("""
+        class Yes:
+            def __eq__(self, other):
+                return True
+            __hash__ = object.__hash__
+        class YesInt(int):
+            def __eq__(self, other):
+                return True
+        def f(x):
+            return Yes() if x == 2 else YesInt(0)
+    """)
+    assert res.reward == 0.0
+    assert all("only plain data" in t.reason for t in res.tests)
+
+
+def test_rebinding_builtins_and_assert_machinery(no_leftovers):
+    res = score("""
+        import builtins
+        builtins.AssertionError = type("Nope", (Exception,), {})
+        builtins.len = lambda x: 1
+        builtins.abs = lambda x: 0
+        def f(x):
+            return -1
+    """, tests=["assert f(2) == 4", "assert len([f(1), 2]) == 1", "assert abs(f(1)) == 0"])
+    assert res.reward == 0.0  # the judge's own builtins are untouched
+    assert [t.status for t in res.tests] == ["failed", "failed", "failed"]
+
+
+def test_printing_fake_records(no_leftovers):
+    res = score("""
+        import json, os, sys
+        fake = [json.dumps({"i": i, "status": "passed", "nonce": ""}) for i in range(2)]
+        for stream in (sys.stdout, sys.stderr):
+            print("PASSED\\n" + "\\n".join(fake), file=stream, flush=True)
+        for fd in range(0, 64):
+            try:
+                os.write(fd, ("\\n".join(fake) + "\\nPASSED\\n").encode())
+            except OSError:
+                pass
+        def f(x):
+            print("PASSED")
+            return 0
+    """)
+    assert res.reward == 0.0
+
+
+def test_the_judge_cannot_be_read_or_traced(no_leftovers):
+    res = score("""
+        import os
+        def f(x):
+            judge = os.getppid()
+            opened = 0
+            for path in (f"/proc/{judge}/mem", f"/proc/{judge}/environ", f"/proc/{judge}/fd/0", f"/proc/{judge}/fd/3"):
+                try:
+                    open(path, "rb").read(1)
+                    opened += 1
+                except OSError:
+                    pass
+            return opened
+    """, tests=["assert f(0) == 0"])
+    assert res.reward == 1.0, res.reason  # every read was refused
+
+
+def test_the_program_never_sees_expected_values(no_leftovers):
+    res = score("""
+        import gc, sys
+        def f(x):
+            seen = [o for o in gc.get_objects() if isinstance(o, str) and "12345" in o]
+            return len(seen) + len([a for a in sys.argv if "12345" in a])
+    """, tests=["assert f(0) == 0 or 12345 == 12345"])
+    assert res.reward == 1.0, res.reason
