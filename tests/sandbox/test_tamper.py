@@ -52,13 +52,19 @@ def test_rebinding_builtins_and_assert_machinery(no_leftovers):
     res = score("""
         import builtins
         builtins.AssertionError = type("Nope", (Exception,), {})
-        builtins.len = lambda x: 1
         builtins.abs = lambda x: 0
+        builtins.sorted = lambda x: [1]
         def f(x):
             return -1
-    """, tests=["assert f(2) == 4", "assert len([f(1), 2]) == 1", "assert abs(f(1)) == 0"])
-    assert res.reward == 0.0  # the judge's own builtins are untouched
+    """, tests=["assert f(2) == 4", "assert sorted([f(1), 2]) == [1]", "assert abs(f(1)) == 0"])
+    assert res.reward == 0.0  # the judge's own builtins and AssertionError are untouched
     assert [t.status for t in res.tests] == ["failed", "failed", "failed"]
+    assert [t.reason for t in res.tests] == ["AssertionError"] * 3
+
+
+def test_breaking_its_own_interpreter_is_an_error_not_a_pass(no_leftovers):
+    res = score("import builtins\nbuiltins.len = lambda x: 1\ndef f(x):\n    return x * x\n")
+    assert res.reward == 0.0 and {t.status for t in res.tests} == {"error"}
 
 
 def test_printing_fake_records(no_leftovers):
