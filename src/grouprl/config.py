@@ -54,7 +54,6 @@ CHOICES = {
     "dynamic_sampling": ("none", "drop", "resample"),
     "lr_scheduler_type": ("cosine", "linear", "constant"),
     "save_strategy": ("steps", "epoch", "no"),
-    "rollout_backend": ("transformers", "vllm"),
     "device": ("auto", "cpu", "cuda", "mps"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
@@ -176,7 +175,7 @@ class GRPOConfig:
     top_k: int = 0
     """Top-k sampling (0 = off)."""
     rollout_backend: str = "transformers"
-    """Generation backend: ``transformers`` (generate with KV cache) or ``vllm`` (when installed)."""
+    """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0
@@ -371,6 +370,9 @@ class GRPOConfig:
                 f"reward_weights has {len(self.reward_weights)} entries but reward_funcs has "
                 f"{len(self.reward_funcs)}: give one weight per reward function."
             )
+        if self.rollout_backend != "transformers" and ":" not in self.rollout_backend:
+            raise ConfigError(f"rollout_backend={self.rollout_backend!r}: use 'transformers' or a plug-in "
+                              f"'package.module:Class' implementing grouprl.rollout.base.Backend.")
         if self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k} must be >= 0 (0 = off).")
 

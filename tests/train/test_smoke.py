@@ -16,7 +16,7 @@ def _weights(model):
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "gspo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "gspo", "dr_grpo"])
 def test_two_steps_finite_metrics_and_parameters_move(algorithm, tiny_model_dir, train_rows, fast_config):
     cfg = fast_config(algorithm=algorithm)
     trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
@@ -101,3 +101,34 @@ def test_cli_train_then_eval(tiny_model_dir, tmp_path, capsys):
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_prompts"] == 3 and 0.0 <= result["accuracy"] <= 1.0 and "pass@1" in result
+
+
+def test_dapo_preset_runs_with_resampling_and_masked_truncations(tiny_model_dir, train_rows, fast_config):
+    cfg = fast_config(algorithm="dapo", max_new_tokens=4)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    trainer.train()
+    for rec in train_records(cfg.output_dir):
+        assert rec["completions/truncated_frac"] > 0  # a random model rarely stops within 4 tokens
+        if rec["completions/truncated_frac"] == 1.0:  # every completion masked: nothing to learn, no NaN
+            assert rec["num_tokens"] == 0 and rec["loss/policy"] == 0.0 and rec["grad_norm"] == 0.0
+
+
+def test_periodic_held_out_evaluation_and_pass_at_k(tiny_model_dir, train_rows, fast_config, capsys):
+    from grouprl.train.evaluate import pass_at_k
+
+    def exact(completions, answer, **kw):
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    cfg = fast_config(eval_steps=1, eval_split="test")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows,
+                          eval_dataset=train_rows[:3], reward_funcs=char_reward, eval_reward_func=exact)
+    result = trainer.train()
+    assert list(result["evals"]) == ["before", "step1", "after"]
+    assert result["evals"]["after"]["num_prompts"] == 3
+    tags = [r["eval/tag"] for r in read_metrics(cfg.output_dir) if "eval/tag" in r]
+    assert tags == ["before", "step1", "after"]
+    assert "held-out accuracy: before 0.000  ->  after 0.000" in capsys.readouterr().out
+    sampled = trainer.evaluate(temperature=1.0, num_samples=4, ks=(1, 2, 4))
+    assert {"accuracy", "pass@1", "pass@2", "pass@4"} <= set(sampled)
+    # unbiased pass@k (arXiv 2107.03374 Eq. 1): n=4, c=1, k=2 -> 1 - C(3,2)/C(4,2) = 0.5
+    assert pass_at_k(4, 1, 2) == 0.5 and pass_at_k(5, 2, 1) == pytest.approx(0.4) and pass_at_k(4, 3, 2) == 1.0

@@ -1,38 +1,39 @@
 """Generation backends: turn prompts into G completions each, with the masks the loss needs.
 
 ``make_backend(name, model, tokenizer)`` returns an object with ``generate(prompts, n, params) -> Rollout``
-(see ``grouprl.rollout.base``). ``transformers`` (``generate`` with a KV cache) is built in; other backends
-(vLLM) are imported lazily only when named, so they never cost an import otherwise.
+and ``sync_weights(model)`` (see ``grouprl.rollout.base.Backend``). ``transformers`` (``generate`` with a KV
+cache, using the training weights) is built in. Another engine (vLLM, SGLang) plugs in as
+``rollout_backend: "package.module:Class"``; it is imported only when named, and the loop calls its
+``sync_weights`` after every optimizer step.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grouprl.rollout.base import Rollout, SamplingParams
+from grouprl.rollout.base import Backend, Rollout, SamplingParams
 
-BACKENDS = {
-    "transformers": "grouprl.rollout.hf:TransformersBackend",
-    "vllm": "grouprl.rollout.vllm:VLLMBackend",
-}
+BACKENDS = {"transformers": "grouprl.rollout.hf:TransformersBackend"}
 
 
-def make_backend(name: str, model: Any, tokenizer: Any, **kwargs: Any):
-    """Instantiate the backend called ``name`` (import happens here, not at package import)."""
+def make_backend(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Backend:
+    """Instantiate the backend ``name`` (a built-in name or ``package.module:Class``), importing it here."""
     import importlib
 
     from grouprl.errors import ConfigError, did_you_mean
 
-    if name not in BACKENDS:
-        raise ConfigError(f"rollout_backend={name!r} is unknown.{did_you_mean(name, BACKENDS)} "
-                          f"Known: {', '.join(BACKENDS)}.")
-    module_name, _, cls_name = BACKENDS[name].partition(":")
+    spec = BACKENDS.get(name, name)
+    module_name, sep, cls_name = spec.partition(":")
+    if not sep:
+        raise ConfigError(f"rollout_backend={name!r} is unknown.{did_you_mean(name, BACKENDS)} Built in: "
+                          f"{', '.join(BACKENDS)}; others plug in as 'package.module:Class' implementing "
+                          f"grouprl.rollout.base.Backend (generate + sync_weights).")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"rollout_backend={name!r} is not available here ({e}). "
-                          f"Use rollout_backend=transformers or install the backend.") from e
-    return getattr(module, cls_name)(model, tokenizer, **kwargs)
+        cls = getattr(module, cls_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"rollout_backend={name!r} cannot be loaded ({e}).") from e
+    return cls(model, tokenizer, **kwargs)
 
 
-__all__ = ["Rollout", "SamplingParams", "make_backend"]
+__all__ = ["Backend", "Rollout", "SamplingParams", "make_backend"]

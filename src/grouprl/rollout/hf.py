@@ -83,9 +83,7 @@ class TransformersBackend:
                 out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=gen_cfg)
         finally:
             self.model.train(was_training)
-        completion_ids = out[:, ids.shape[1]:]
-        if completion_ids.shape[1] == 0:  # every prompt ended at once: keep one (EOS-free) pad column
-            completion_ids = out.new_full((out.shape[0], 1), self.tokenizer.pad_token_id)
+        completion_ids = out[:, ids.shape[1]:]  # generate emits >= 1 token (max_new_tokens >= 1)
         completion_mask, truncated = completion_mask_from_ids(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         lengths = completion_mask.sum(dim=1).tolist()

@@ -146,6 +146,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             ga = cfg.gradient_accumulation_steps
             update = optimizer_step(ctx, rnd.micro_batches[chunk * ga:(chunk + 1) * ga], spec, optimizer,
                                     scheduler, timers)
+            backend.sync_weights(model)  # engines with their own weight copy (vLLM) need the update
             step, round_step = step + 1, round_step + 1
             metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
             metrics["tokens_per_s"] = rnd.tokens / max(metrics["time/step"], 1e-9) if round_step == 1 else (

@@ -1,0 +1,113 @@
+"""One generation round without a model: dynamic sampling (drop / resample) and truncation masking."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from grouprl.config import GRPOConfig
+from grouprl.registry import load_builtins
+from grouprl.rollout.base import Rollout
+from grouprl.train.loop import (
+    PromptStream,
+    RunContext,
+    Timers,
+    advantage_function,
+    generate_round,
+    step_totals,
+)
+from grouprl.train.score import RewardScorer
+
+
+class FakeBackend:
+    """Completion k of a prompt is 'k', k+1 tokens long; completion G-1 never ends (truncated)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def generate(self, prompts, n, params):
+        self.calls += 1
+        N, T = len(prompts) * n, n
+        lengths = torch.tensor([k + 1 for _ in prompts for k in range(n)])
+        mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).long()
+        return Rollout(torch.ones(N, 2, dtype=torch.long), torch.ones(N, 2, dtype=torch.long),
+                       torch.full((N, T), 7).masked_fill(mask == 0, 0), mask, lengths == T,
+                       [str(k) for _ in prompts for k in range(n)], [p for p in prompts for _ in range(n)])
+
+
+def reward(completions, prompts, **kw):
+    """Groups of 'same' prompts all score 1 (zero std); 'vary' prompts score k."""
+    return [1.0 if p.startswith("same") else float(c) for c, p in zip(completions, prompts)]
+
+
+def _ctx(rows, **cfg_kw):
+    load_builtins()
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, seed=0,
+                     **cfg_kw)
+    return RunContext(cfg, None, SimpleNamespace(pad_token_id=0), FakeBackend(), RewardScorer([reward]),
+                      advantage_function(cfg), None, contextlib.nullcontext, rows, 0, 10)
+
+
+ROWS = [{"prompt": "same a"}, {"prompt": "same b"}, {"prompt": "same c"}, {"prompt": "vary d"},
+        {"prompt": "same e"}, {"prompt": "vary f"}, {"prompt": "same g"}, {"prompt": "same h"}]
+
+
+def _prompts_of(rnd):
+    return {s["prompt"] for s in rnd.samples}
+
+
+def test_no_dynamic_sampling_keeps_every_group():
+    ctx = _ctx(ROWS, dynamic_sampling="none", num_completions_to_log=8)
+    stream = PromptStream(len(ROWS), 2, seed=3)
+    rnd = generate_round(ctx, stream, Timers())
+    assert rnd.metrics["dynamic/kept_groups"] == 2 and ctx.backend.calls == 1
+    assert sum(mb.prompt_ids.shape[0] for mb in rnd.micro_batches) == 8
+
+
+def test_resample_fills_the_batch_with_informative_groups():
+    ctx = _ctx(ROWS, dynamic_sampling="resample", max_resample_rounds=10, num_completions_to_log=8)
+    stream = PromptStream(len(ROWS), 2, seed=0)
+    rnd = generate_round(ctx, stream, Timers())
+    assert rnd.metrics["dynamic/kept_groups"] == 2
+    assert rnd.metrics["dynamic/frac_zero_std_kept"] == 0.0
+    assert _prompts_of(rnd) == {"vary d", "vary f"}  # only the two informative prompts exist
+    assert ctx.backend.calls == 1 + rnd.metrics["dynamic/extra_rounds"] and ctx.backend.calls >= 2
+    adv = torch.cat([mb.adv for mb in rnd.micro_batches])
+    # group rewards 0,1,2,3: population std sqrt(1.25); adv of the best = 1.5 / 1.1180
+    assert torch.allclose(adv[:4], torch.tensor([-1.5, -0.5, 0.5, 1.5]) / 1.25 ** 0.5, atol=1e-5)
+
+
+def test_resample_gives_up_after_max_rounds_and_fills_with_uninformative_groups():
+    rows = [{"prompt": "same x"}, {"prompt": "same y"}]
+    ctx = _ctx(rows, dynamic_sampling="resample", max_resample_rounds=2)
+    rnd = generate_round(ctx, PromptStream(2, 2, seed=0), Timers())
+    assert ctx.backend.calls == 3 and rnd.metrics["dynamic/extra_rounds"] == 2
+    assert rnd.metrics["dynamic/kept_groups"] == 2 and rnd.metrics["dynamic/frac_zero_std_kept"] == 1.0
+
+
+def test_drop_removes_zero_std_groups():
+    ctx = _ctx(ROWS, dynamic_sampling="drop", num_completions_to_log=8)
+    stream = PromptStream(len(ROWS), 2, seed=0)
+    kept = []
+    for _ in range(4):  # one epoch: 4 rounds of 2 prompts
+        rnd = generate_round(ctx, stream, Timers())
+        kept.append((rnd.metrics["dynamic/kept_groups"], rnd.metrics["frac_reward_zero_std"]))
+        n = sum(mb.prompt_ids.shape[0] for mb in rnd.micro_batches)
+        if 0 < rnd.metrics["frac_reward_zero_std"] < 1:
+            assert n == 4 and _prompts_of(rnd) <= {"vary d", "vary f"}
+    # every round keeps 2 - (zero-std groups), except an all-zero round, which keeps its batch (adv all 0)
+    assert all(k == (2 if f in (0.0, 1.0) else 1) for k, f in kept)
+    assert sorted(f for _, f in kept) != [1.0] * 4
+
+
+def test_truncated_completions_are_masked_out_of_the_loss():
+    ctx = _ctx([{"prompt": "vary a"}, {"prompt": "vary b"}], mask_truncated_completions=True)
+    rnd = generate_round(ctx, PromptStream(2, 2, seed=0), Timers())
+    for mb in rnd.micro_batches:
+        truncated = mb.completion_mask.sum(dim=1) == 4
+        assert (mb.loss_mask[truncated] == 0).all() and (mb.loss_mask[~truncated] == mb.completion_mask[~truncated]).all()
+    # step totals count only loss tokens: lengths 1+2+3 per group (the 4-token ones are masked) x 2 groups
+    assert step_totals(rnd.micro_batches, 4)["num_tokens"] == 12
+    assert rnd.metrics["completions/truncated_frac"] == 0.25
