@@ -73,6 +73,8 @@ class Capabilities:
     unshare_pid: bool
     masked_dirs: tuple[str, ...] = ()
     strict_missing: tuple[str, ...] = field(default_factory=tuple)
+    basic_python: str | None = None
+    """Interpreter for the program under ``basic``: the dedicated uid must be able to run it."""
 
     @property
     def strict(self) -> bool:
@@ -118,7 +120,19 @@ def detect() -> Capabilities:
         userns = [] if root else ["--user", "--map-current-user"]
         net = not _probe([unshare, *userns, "--net", "true"])
         pid = not _probe([unshare, *userns, "--pid", "--fork", "--kill-child", "true"])
-    return Capabilities(root, python, bwrap, bwrap_error, unshare, net, pid, tuple(masked), tuple(missing))
+    return Capabilities(root, python, bwrap, bwrap_error, unshare, net, pid, tuple(masked), tuple(missing),
+                        _basic_python(root, masked))
+
+
+def _basic_python(root: bool, masked: list[str]) -> str | None:
+    """sys.executable when another uid can run it; else a system interpreter of the same version."""
+    if not root or not masked:
+        return sys.executable
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for cand in (f"/usr/bin/{version}", f"/usr/local/bin/{version}"):
+        if os.path.exists(cand) and not _inaccessible_ancestors(os.path.realpath(cand)):
+            return cand
+    return None
 
 
 def resolve_isolation(isolation: str) -> str:
@@ -128,9 +142,15 @@ def resolve_isolation(isolation: str) -> str:
 
         raise ConfigError(f"sandbox.isolation={isolation!r} is not a level; use one of "
                           f"{', '.join(LEVELS)}.{did_you_mean(isolation, LEVELS)}")
-    if isolation == "basic":
-        return "basic"
     caps = detect()
+    if isolation == "basic":
+        if caps.basic_python is None:
+            raise SandboxUnavailable(
+                f"sandbox.isolation='basic' runs the program under a dedicated uid, which cannot reach the "
+                f"interpreter {sys.executable} (hidden under {', '.join(caps.masked_dirs)}); install Python "
+                f"where other users can run it, or {INSTALL_HINT} and use strict"
+            )
+        return "basic"
     if not caps.strict:
         raise SandboxUnavailable(
             f"sandbox.isolation={isolation!r} needs strict isolation, which this machine cannot give: "

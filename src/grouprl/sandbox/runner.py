@@ -193,7 +193,7 @@ def run_tests(
         judge_src, server_src = scripts()
         nonce = secrets.token_hex(16)
         spec = {
-            "nonce": nonce, "uid": uid, "python": sys.executable, "server_src": server_src, "code": code,
+            "nonce": nonce, "uid": uid, "python": sys.executable if level == "strict" else caps.basic_python, "server_src": server_src, "code": code,
             "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
             "sweep": uid is not None or level == "strict" or caps.unshare_pid,
             "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
