@@ -42,6 +42,16 @@ _RISKY = re.compile(
     r"|\\(?:int|sum|prod|lim|binom|infty|iint)|\d{60,}"
 )
 _MAX_INPROCESS_CHARS = 500
+_SIMPLE_FRACTION = re.compile(
+    r"^\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}$|^(-?\d{1,15})\s*/\s*(\d{1,15})$"
+)
+_INNER_FRACTION = re.compile(r"\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}")
+# Prose with any of these is not "just a number" (25 pi, 3/4, x = 5, 25%, two thirds, ...).
+_NOT_PROSE = re.compile(
+    r"[\\^/*=+%{}()\[\]<>|!]|\d\s*[-×÷·]|\b(?:pi|sqrt|root|over|half|halves|thirds?|quarters?|percent|"
+    r"hundred|thousand|million|billion|times|squared|cubed|or|and|to|plus|minus|i|e|x|y|n)\b",
+    re.IGNORECASE,
+)
 
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
@@ -113,7 +123,10 @@ def _parse(text: str) -> tuple:
 
     text = text.strip()
     body = text.strip("$").strip()
-    for form in (f"${body}$", text):
+    # Plain text first when there is no LaTeX: math-verify's expression regexes are ~100x faster
+    # than its ANTLR LaTeX parser (0.3 ms vs 30 ms).
+    forms = (text, f"${body}$") if not re.search(r"[\\{}()\[\]]", text) else (f"${body}$", text)
+    for form in forms:
         try:
             got = parse(form, fallback_mode="no_fallback", parsing_timeout=None)
         except Exception:  # noqa: BLE001 - math-verify/sympy may raise anything on odd input
@@ -140,13 +153,36 @@ def _numbers_close(gold: float, pred: float, tolerance: float, integer_exact: bo
     return abs(pred - gold) / (abs(gold) + 1e-8) < tolerance
 
 
+def _simple_value(text: str, *, prose: bool) -> float | None:
+    """Value of a plain number or integer fraction (``3/4``, ``\\frac{3}{4}``); with ``prose``, also of
+    text holding exactly one number and no math ("8 apples"). ``None``: needs math-verify."""
+    text = text.strip().strip("$").strip()
+    if _PLAIN_NUMBER.match(text):
+        return float(text.replace(",", ""))
+    m = _SIMPLE_FRACTION.match(text)
+    if m:
+        num, den = (int(x) for x in (m.group(1) or m.group(3), m.group(2) or m.group(4)))
+        return num / den if den else None
+    if not prose:
+        return None
+    fracs = _INNER_FRACTION.findall(text)
+    if len(fracs) == 1:  # "So it is \\frac{3}{4} of the cake."
+        rest = _INNER_FRACTION.sub(" ", text)
+        if not _NOT_PROSE.search(rest) and not _text.numbers(rest) and int(fracs[0][1]):
+            return int(fracs[0][0]) / int(fracs[0][1])
+    if _NOT_PROSE.search(text):
+        return None
+    nums = _text.numbers(text)
+    return float(nums[0].replace(",", "")) if len(nums) == 1 else None
+
+
 def match(pred: str, gold: str, tolerance: float = 1e-2, integer_exact: bool = True) -> bool | None:
     """True/False whether ``pred`` equals ``gold``; ``None`` when ``gold`` cannot be parsed.
 
     Runs in-process with no time limit: call ``answers_match`` for untrusted input.
     """
-    if _PLAIN_NUMBER.match(gold.strip()) and _PLAIN_NUMBER.match(pred.strip()):
-        g, p = float(gold.replace(",", "")), float(pred.replace(",", ""))
+    g, p = _simple_value(gold, prose=False), _simple_value(pred, prose=True)
+    if g is not None and p is not None:
         return _numbers_close(g, p, tolerance, integer_exact)
     from math_verify import verify
 
@@ -192,7 +228,7 @@ def _same_answer(a: str, b: str) -> bool:
 
 def gold_parseable(gold: str, *, time_limit: float = 5.0) -> bool:
     """Whether math-verify can parse the ground truth (else the sample gets ``None``)."""
-    if _PLAIN_NUMBER.match(gold.strip()):
+    if _simple_value(gold, prose=False) is not None:
         return True
     if not _risky(gold):
         return bool(_parse(gold))
