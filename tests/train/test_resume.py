@@ -46,6 +46,11 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, train_rows, fast_confi
     t_full = GRPOTrainer(model=str(tiny_model_dir), config=full, train_dataset=train_rows, reward_funcs=char_reward)
     t_full.train()
     reference = train_records(full.output_dir)
+    # 2 steps per round: the first is on-policy (ratio 1), the second uses the stored old log-probs
+    assert all(r["time/old_logp_forward"] > 0 for r in reference[::2])
+    assert reference[0]["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    assert reference[0]["lr"] == 0.0  # warm-up starts at 0, so step 2 still sees ratio 1
+    assert reference[3]["policy/ratio_max"] > 1.0 + 1e-4  # step 3 moved the policy before step 4
     final_full = {k: v.clone() for k, v in t_full.model.state_dict().items()}
 
     # killed while generating the round of step 3: the newest checkpoint is step 2 (a round boundary)

@@ -71,7 +71,13 @@ class MetricsLogger:
             self.tb_dir = self.dir / "tensorboard"
             self._tb = SummaryWriter(log_dir=str(self.tb_dir))
         if "wandb" in targets:
-            import wandb  # optional dependency: only imported when asked for
+            try:
+                import wandb  # optional dependency: only imported when asked for
+            except ImportError as e:
+                from grouprl.errors import ConfigError
+
+                raise ConfigError("report_to includes 'wandb' but wandb is not installed. Fix: "
+                                  "pip install 'grouprl[wandb]', or drop wandb from report_to.") from e
 
             self._wandb = wandb.init(name=run_name or self.dir.name, config=config or {}, resume="allow")
         self._progress = self._task = None
@@ -98,8 +104,11 @@ class MetricsLogger:
     def advance(self, step: int, metrics: dict[str, Any]) -> None:
         if self._progress is None:
             return
-        live = "reward {:.3f}  kl {:.4f}  clip {:.3f}".format(
-            metrics.get("reward", float("nan")), metrics.get("kl", 0.0), metrics.get("policy/clip_frac", 0.0))
+        def fmt(key: str, digits: int) -> str:
+            value = metrics.get(key)
+            return f"{value:.{digits}f}" if isinstance(value, float) and math.isfinite(value) else "-"
+
+        live = f"reward {fmt('reward', 3)}  kl {fmt('kl', 4)}  clip {fmt('policy/clip_frac', 3)}"
         self._progress.update(self._task, completed=step, live=live)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
