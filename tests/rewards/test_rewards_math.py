@@ -99,8 +99,9 @@ def test_pathological_input_respects_the_time_limit():
     start = time.monotonic()
     assert math_reward(tower, answer="5", time_limit=1.0) == 0.0
     assert time.monotonic() - start < 10.0  # killed worker, not a hang (generous bound for a loaded CI box)
-    # the worker restarts: a risky-looking but cheap input still gets its true result
-    assert math_reward("\\boxed{2^{10}}", answer="1024", time_limit=5.0) == 1.0
+    # the worker restarts: a risky-looking (nested powers) but cheap input gets its true result there
+    assert math_reward("\\boxed{2^{3^{2}}}", answer="512", time_limit=20.0) == 1.0
+    assert math_reward("\\boxed{2^{3^{2}}}", answer="511", time_limit=20.0) == 0.0
 
 
 def test_works_outside_the_main_thread():

@@ -210,8 +210,10 @@ def composite_reward(
     progress: float | None = None,
     **meta,
 ) -> float | None:
-    """Weighted total of accuracy, format, efficiency and safety (``config``: a RewardConfig or one of
-    "default", "math", "code", "retrieval")."""
+    """Weighted total of accuracy, format, efficiency and safety (AgentRewardFunction's "total").
+
+    ``config``: a RewardConfig or a template name: "default", "math", "code" or "retrieval".
+    """
     if isinstance(config, str):
         if config not in TEMPLATES:
             raise ConfigError(

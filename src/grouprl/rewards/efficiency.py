@@ -17,7 +17,7 @@ Starts from 1.0 and subtracts (seed, section 5.2):
   ``L_max - L_cache``, then grows linearly to 1 at ``L_max`` (``((L_max - L_cache) - n) / L_cache`` in
   the paper's signed form), and 1 beyond. It replaces the seed's linear length penalty.
 
-Clamped to [0, 1]. The seed's worked example (1 call, 9 words, 4 distinct sentences) scores 1.0.
+Clamped to [0, 1]. The seed's worked example (1 call, 19 words, 4 distinct sentences) scores 1.0.
 """
 
 from __future__ import annotations
