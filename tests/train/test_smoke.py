@@ -72,8 +72,20 @@ def test_lora_reference_is_the_base_without_a_copy(tiny_model_dir, train_rows, f
     assert moved and all("lora_" in k for k in moved)  # only the adapter trains; the base is pi_ref
     records = train_records(cfg.output_dir)
     assert records[1]["kl"] > 0 and math.isfinite(records[1]["kl"])
-    saved = trainer.save_model(cfg.output_dir + "/adapter")
-    assert (saved / "adapter_config.json").is_file()
+    saved = trainer.save_model(cfg.output_dir + "/merged")
+    assert (saved / "adapter" / "adapter_config.json").is_file()
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(saved)  # plain transformers, no peft needed
+    checked = 0
+    for name, p in merged.named_parameters():
+        if name.endswith("q_proj.weight") and "layers.0." in name:
+            lora_a = after[next(k for k in after if "layers.0." in k and "q_proj.lora_A" in k)]
+            lora_b = after[next(k for k in after if "layers.0." in k and "q_proj.lora_B" in k)]
+            base = after[next(k for k in after if "layers.0." in k and "q_proj.base_layer.weight" in k)]
+            torch.testing.assert_close(p, base + (8 / 4) * lora_b @ lora_a, rtol=1e-5, atol=1e-6)
+            checked += 1
+    assert checked == 1
 
 
 def test_cli_train_then_eval(tiny_model_dir, tmp_path, capsys):

@@ -404,9 +404,19 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
 
 
 def save_final(model: Any, tokenizer: Any, path: str | Path) -> Path:
+    """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
+    without peft) with the adapter itself in ``<path>/adapter``."""
+    from grouprl.train.model import is_peft
+
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
+    if is_peft(model):
+        model.save_pretrained(path / "adapter")
+        import copy
+
+        copy.deepcopy(model).merge_and_unload().save_pretrained(path)
+    else:
+        model.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
