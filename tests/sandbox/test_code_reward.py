@@ -98,3 +98,10 @@ def test_batch_reward_for_the_trainer():
     comps = ["def f(x):\n    return x + 1", "no code here, sorry!", "def f(x):\n    return x"]
     got = code_reward_batch(comps, tests=[[(1, 2), (2, 3)]] * 3, entry_point=["f"] * 3, workers=2)
     assert got == [1.0, 0.0, 0.0]
+
+
+def test_full_function_completion_keeps_the_prompt_imports():
+    prompt = 'from typing import List\n\n\ndef total(xs: List[int]) -> int:\n    """Sum."""\n'
+    completion = "Sure:\n```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```"
+    check = "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n"
+    assert code_reward(completion, tests=check, entry_point="total", prompt=prompt) == 1.0

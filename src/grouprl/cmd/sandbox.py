@@ -33,12 +33,13 @@ def _trial(level: str) -> str:
 
 
 def check(args: argparse.Namespace) -> int:
-    from grouprl.sandbox import LEVELS, SandboxUnavailable, detect, resolve_isolation
+    from grouprl.sandbox import capabilities
+    from grouprl.sandbox.capabilities import LEVELS, SandboxUnavailable, resolve_isolation
     from grouprl.sandbox.runner import Limits
 
     if args.isolation not in LEVELS:
         resolve_isolation(args.isolation)  # raises ConfigError naming the levels
-    caps = detect()
+    caps = capabilities.detect()
     report = caps.to_dict() | {"limits": Limits().__dict__, "levels": {}}
     report["levels"]["strict"] = "available" if caps.strict else "unavailable: " + "; ".join(caps.strict_missing)
     report["levels"]["basic"] = "available (must be chosen explicitly)"
@@ -62,7 +63,7 @@ def check(args: argparse.Namespace) -> int:
             ("network namespace (strict)", yes[caps.strict]),
             ("read-only filesystem, PID namespace (strict)", yes[caps.strict]),
             ("network namespace via unshare (basic)", yes[caps.unshare_net]),
-            ("PID namespace via unshare (basic)", yes[caps.unshare_pid and caps.root]),
+            ("PID namespace via unshare (basic)", yes[caps.unshare_pid]),
             ("dedicated unprivileged uid per job", yes[caps.root]),
             ("rlimits, scrubbed env, private workdir", "yes"),
             ("hidden directories (re-exposing Python)", ", ".join(caps.masked_dirs) or "none"),

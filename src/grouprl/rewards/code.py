@@ -63,8 +63,8 @@ def _tests_from(answer: Any, tests: Any, meta: dict[str, Any]) -> Any:
 def prepare_job(completion: str, *, answer: Any = None, tests: Any = None, entry_point: str | None = None,
                 prompt: str | None = None, **meta: Any):
     """The sandbox job for one completion: a :class:`~grouprl.sandbox.CodeJob` (``code`` None when the
-    completion holds no code). ``prompt`` is prepended when the code does not define ``entry_point``
-    itself (HumanEval completions that continue the prompt's function body)."""
+    completion holds no code). With ``prompt`` and ``entry_point`` the prompt is prepended: a completion
+    that defines ``entry_point`` replaces the prompt's stub, one that does not continues its body."""
     from grouprl.sandbox import CodeJob, normalize_tests
 
     suite_src = _tests_from(answer, tests, meta)
@@ -74,8 +74,10 @@ def prepare_job(completion: str, *, answer: Any = None, tests: Any = None, entry
         raise DataError("code reward: no tests given; pass tests= (or a 'test'/'test_list' column, or answer=)")
     suite = normalize_tests(suite_src, entry_point=entry_point)
     code = extract_code(completion)
-    if code is not None and entry_point and prompt and not _defines(code, entry_point):
-        code = prompt + code
+    if code is not None and entry_point and prompt:
+        # a full function redefines the prompt's stub (and keeps the prompt's imports); a bare body
+        # continues the prompt's function
+        code = prompt + ("\n" + code if _defines(code, entry_point) else code)
     if code is None and prompt and entry_point and isinstance(completion, str) and completion.strip():
         code = prompt + completion
     return CodeJob(code, suite, entry_point)

@@ -7,8 +7,8 @@ Levels (``sandbox.isolation``):
   program runs under a dedicated unprivileged uid (so RLIMIT_NPROC applies), otherwise under the user's
   own uid in a user namespace.
 - ``basic`` (only when asked for by name): no bubblewrap. rlimits, a scrubbed environment, a private
-  temporary directory, a process group and a dedicated uid when root; a network namespace through
-  ``unshare`` when that works here, else none (``grouprl sandbox check`` says which).
+  temporary directory, a process group and a dedicated uid when root; network and PID namespaces
+  through ``unshare`` when that works here, else none (``grouprl sandbox check`` says which).
 - ``auto`` (default): ``strict``, and if the machine cannot give ``strict`` the same error as
   ``strict`` -- it never falls back to ``basic`` by itself.
 """
@@ -119,7 +119,7 @@ def detect() -> Capabilities:
     if unshare:
         userns = [] if root else ["--user", "--map-current-user"]
         net = not _probe([unshare, *userns, "--net", "true"])
-        pid = not _probe([unshare, *userns, "--pid", "--fork", "--kill-child", "true"])
+        pid = not _probe([unshare, *userns, "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "true"])
     return Capabilities(root, python, bwrap, bwrap_error, unshare, net, pid, tuple(masked), tuple(missing),
                         _basic_python(root, masked))
 

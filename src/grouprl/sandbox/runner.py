@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -179,23 +180,28 @@ def run_tests(
         return SandboxResult.not_run("no_tests", "the test suite is empty", 0, level)
     limits = limits or Limits()
     caps = detect()
+    if not caps.root:  # RLIMIT_NPROC counts all of the user's processes, not just the job's
+        limits = dataclasses.replace(limits, nproc=limits.nproc + len(uid_pids(os.getuid())))
     t0 = time.monotonic()
     with uid_lease() as uid, contextlib.ExitStack() as stack:
         if level == "strict":
             argv, cwd, workdir = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb), "/", INSIDE_WORKDIR
+            pid_ns = True
         else:
             workdir = cwd = tempfile.mkdtemp(prefix="grouprl-sandbox-")
             stack.callback(shutil.rmtree, workdir, True)
             if uid is not None:
                 os.chown(workdir, uid, uid)
             os.chmod(workdir, 0o700)
-            argv = _basic_prefix(caps)
+            argv, pid_ns = _basic_prefix(caps)
         judge_src, server_src = scripts()
         nonce = secrets.token_hex(16)
         spec = {
             "nonce": nonce, "uid": uid, "python": sys.executable if level == "strict" else caps.basic_python, "server_src": server_src, "code": code,
             "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
-            "sweep": uid is not None or level == "strict" or caps.unshare_pid,
+            # kill(-1) from the judge reaches only the job's own processes: under a dedicated uid or in
+            # a PID namespace. Never otherwise -- it would hit every process of the user.
+            "sweep": uid is not None or pid_ns,
             "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
             "env": _env(workdir),
         }
@@ -210,12 +216,14 @@ def run_tests(
     return result
 
 
-def _basic_prefix(caps) -> list[str]:
+def _basic_prefix(caps) -> tuple[list[str], bool]:
+    """(``unshare`` prefix, whether it gives a PID namespace) for the basic level."""
     if not caps.unshare or not caps.unshare_net:
-        return []
+        return [], False
     userns = [] if caps.root else ["--user", "--map-current-user"]
-    pid = ["--pid", "--fork", "--kill-child", "--mount-proc"] if caps.unshare_pid and caps.root else []
-    return [caps.unshare, *userns, "--net", *pid, "--"]
+    pid_ns = caps.unshare_pid
+    pid = ["--pid", "--fork", "--kill-child", "--mount-proc"] if pid_ns else []
+    return [caps.unshare, *userns, "--net", *pid, "--"], pid_ns
 
 
 def _communicate(argv, cwd, env, data: bytes, deadline: float) -> tuple[bytes, bytes, bool]:
