@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from grouprl.config import GRPOConfig
@@ -111,3 +112,36 @@ def test_truncated_completions_are_masked_out_of_the_loss():
     # step totals count only loss tokens: lengths 1+2+3 per group (the 4-token ones are masked) x 2 groups
     assert step_totals(rnd.micro_batches, 4)["num_tokens"] == 12
     assert rnd.metrics["completions/truncated_frac"] == 0.25
+
+
+def test_step_plan_from_epochs_and_batch_arithmetic():
+    from grouprl.errors import DataError
+    from grouprl.train.loop import _should_save, plan_steps
+
+    # G=4, 4 completions x 2 micro-batches = 8 per round = 2 prompts; 10 rows -> 5 rounds per epoch
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                     num_train_epochs=1.5)
+    assert plan_steps(cfg, 10) == (8, 1, 5)  # ceil(1.5 x 5) = 8 rounds x 1 step
+    # mu = 2 passes, 4 micro-batches per round, 2 per step -> 2 x 4 / 2 = 4 steps per round
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                     steps_per_generation=4, num_iterations=2, num_train_epochs=1)
+    assert plan_steps(cfg, 10) == (4 * 2, 4, 2)  # 16 completions = 4 prompts per round, 2 rounds
+    assert plan_steps(GRPOConfig(max_steps=3, num_generations=2, per_device_train_batch_size=2), 5)[0] == 3
+    with pytest.raises(DataError, match="has 3 rows but one generation round needs 4 prompts"):
+        plan_steps(cfg, 3)
+    epoch = GRPOConfig(save_strategy="epoch", num_generations=2, per_device_train_batch_size=2)
+    assert [s for s in range(1, 10) if _should_save(epoch, s, 3, 9)] == [3, 6]  # never the final step
+    steps = GRPOConfig(save_steps=4, num_generations=2, per_device_train_batch_size=2)
+    assert [s for s in range(1, 13) if _should_save(steps, s, 3, 12)] == [4, 8]
+
+
+def test_prompt_stream_reshuffles_each_epoch_and_restores_its_position():
+    stream = PromptStream(6, 2, seed=1)
+    epoch0 = [stream.next() for _ in range(3)]
+    assert sorted(i for b in epoch0 for i in b) == list(range(6))
+    state = stream.state()
+    epoch1 = [stream.next() for _ in range(3)]
+    assert sorted(i for b in epoch1 for i in b) == list(range(6)) and epoch1 != epoch0
+    again = PromptStream(6, 2, seed=1)
+    again.load_state(state)
+    assert [again.next() for _ in range(3)] == epoch1

@@ -50,7 +50,6 @@ class Round:
     micro_batches: list[MicroBatch]
     metrics: dict[str, float]
     samples: list[dict] = field(default_factory=list)
-    tokens: int = 0
 
 
 class PromptStream:
@@ -149,13 +148,13 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             backend.sync_weights(model)  # engines with their own weight copy (vLLM) need the update
             step, round_step = step + 1, round_step + 1
             metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
-            metrics["tokens_per_s"] = rnd.tokens / max(metrics["time/step"], 1e-9) if round_step == 1 else (
-                update["num_tokens"] / max(metrics["time/step"], 1e-9))
+            # prompt + completion tokens this step trained on, per second of the whole step (generation included)
+            metrics["tokens_per_s"] = metrics.pop("seq_tokens") / max(metrics["time/step"], 1e-9)
             if step % cfg.logging_steps == 0 or step == total_steps:
                 logger.log(step, metrics)
                 history.append({k: metrics.get(k) for k in ("reward", "loss/policy", "kl", "entropy")} | {"step": step})
             logger.advance(step, metrics)
-            if cfg.log_completions_steps and step % cfg.log_completions_steps == 0 and round_step == 1:
+            if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
                 logger.log_samples(step, rnd.samples)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
@@ -256,9 +255,7 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(rounds),
                     "dynamic/frac_zero_std_kept": float(zero_std_groups(batch["rewards"]).float().mean())})
     micro_batches = _micro_batches(ctx, batch, timers)
-    samples = _samples(ctx, batch)
-    tokens = int(batch["rollout"].prompt_mask.sum() + batch["rollout"].completion_mask.sum())
-    return Round(micro_batches, metrics, samples, tokens)
+    return Round(micro_batches, metrics, _samples(ctx, batch))
 
 
 def _assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) -> dict[str, Any]:
@@ -334,7 +331,9 @@ def optimizer_step(ctx: RunContext, mbs: list[MicroBatch], spec: LossSpec, optim
         optimizer.zero_grad(set_to_none=True)
     out = {k: float(v) for k, v in acc.items()}
     out.setdefault("kl", float("nan"))  # no reference model when kl_coef = 0
-    out.update({"grad_norm": float(grad_norm), "lr": lr, "num_tokens": float(totals["num_tokens"])})
+    seq_tokens = sum(int(mb.prompt_mask.sum() + mb.completion_mask.sum()) for mb in mbs)
+    out.update({"grad_norm": float(grad_norm), "lr": lr, "num_tokens": float(totals["num_tokens"]),
+                "seq_tokens": float(seq_tokens)})
     return out
 
 
