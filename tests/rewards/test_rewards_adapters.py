@@ -123,6 +123,19 @@ def test_composite_uses_trainer_progress_for_the_schedule():
     assert early == [pytest.approx(0.6)] and late == [pytest.approx(0.8)]  # 0.3 + 0.3 early, 0.5 + 0.3 late
 
 
+def test_composite_by_name_with_template_and_schedule():
+    seed = (
+        "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
+        "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
+    )
+    assert make_reward_func("composite", config="math")([seed], answer=["78.54"]) == [pytest.approx(0.97)]
+    f = make_reward_func("composite", schedule="format_first")
+    start = SimpleNamespace(global_step=0, max_steps=100)
+    # early weights 0.3 / 0.4 / 0.15 / 0.15: 0.3 * 1 + 0.4 * 0.8 + 0.15 + 0.15
+    assert f([seed], answer=["78.54"], trainer_state=start) == [pytest.approx(0.92)]
+    assert f([seed], answer=["78.54"]) == [pytest.approx(0.96)]  # no progress known: the config's weights
+
+
 def test_user_callables_get_only_the_arguments_they_accept():
     def exact_len(completion, answer=None):
         return float(len(completion) == int(answer))

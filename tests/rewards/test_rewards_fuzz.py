@@ -117,3 +117,18 @@ def test_helpers_never_raise(text):
     call = parse_tool_call(text)
     assert call is None or (isinstance(call["name"], str) and isinstance(call["arguments"], dict))
     assert 0.0 <= text_coherence(text) <= 1.0
+
+
+def test_every_registered_reward_honours_the_registry_contract():
+    """fn(completion, *, answer=None, **meta) -> float in [0, 1] or None, with a one-line description."""
+    from grouprl.registry import REWARDS, load_builtins
+
+    load_builtins()
+    samples = ["", "<think>why</think>\\boxed{2}", "<tool_call>f(x=1)</tool_call>", "rm -rf / 答案：2"]
+    for name, fn in REWARDS.items():
+        assert REWARDS.describe(name), name
+        if name == "code":  # runs the sandbox: covered by the sandbox tests
+            continue
+        for completion in samples:
+            for answer in (None, "2", "f(x=1)"):
+                _check(fn(completion, answer=answer, unknown_column=[1, 2]))

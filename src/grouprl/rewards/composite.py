@@ -206,6 +206,7 @@ def composite_reward(
     *,
     answer=None,
     config: RewardConfig | str = "default",
+    schedule: WeightSchedule | str | None = None,
     task_type: str | None = None,
     progress: float | None = None,
     **meta,
@@ -213,6 +214,8 @@ def composite_reward(
     """Weighted total of accuracy, format, efficiency and safety (AgentRewardFunction's "total").
 
     ``config``: a RewardConfig or a template name: "default", "math", "code" or "retrieval".
+    ``schedule``: a WeightSchedule, or "format_first" for ``format_first_schedule(config)``; it is
+    applied at ``progress`` (the TRL adapter passes ``global_step / max_steps``).
     """
     if isinstance(config, str):
         if config not in TEMPLATES:
@@ -220,4 +223,11 @@ def composite_reward(
                 f"composite reward: unknown config {config!r}; use one of {', '.join(TEMPLATES)}."
             )
         config = TEMPLATES[config]
-    return AgentRewardFunction(config)(completion, answer, task_type, progress=progress, **meta)["total"]
+    if isinstance(schedule, str):
+        if schedule != "format_first":
+            raise ConfigError(
+                f"composite reward: unknown schedule {schedule!r}; use 'format_first' or a WeightSchedule."
+            )
+        schedule = format_first_schedule(config)
+    agent = AgentRewardFunction(config, schedule=schedule)
+    return agent(completion, answer, task_type, progress=progress, **meta)["total"]
