@@ -103,6 +103,16 @@ _WORKER = _Worker()
 atexit.register(_WORKER.kill)
 
 
+def _forget_after_fork() -> None:
+    """A forked child (e.g. a data-loader worker) must not share the parent's pipes or lock."""
+    _WORKER._proc = None
+    _WORKER._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def call_with_limit(target: str, args: tuple, timeout: float) -> tuple[bool, Any]:
     """Call ``target`` ("package.module:function") with ``args`` in the worker, at most ``timeout`` s.
 

@@ -49,6 +49,7 @@ def accuracy_reward(
     1.0
     """
     truth = ground_truth if ground_truth is not None else answer
+    task_type = task_type or "math"
     if task_type == "math":
         return math_reward(prediction, answer=truth, tolerance=tolerance, **meta)
     if task_type == "code":
