@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grouprl.rewards import accuracy_reward, extract_answer, math_reward
-from grouprl.rewards.math_answer import HEDGE, answers_match
+from grouprl.rewards.math_answer import HEDGE, _risky, answers_match
 
 SEED = (
     "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
@@ -102,6 +102,26 @@ def test_pathological_input_respects_the_time_limit():
     # the worker restarts: a risky-looking (nested powers) but cheap input gets its true result there
     assert math_reward("\\boxed{2^{3^{2}}}", answer="512", time_limit=20.0) == 1.0
     assert math_reward("\\boxed{2^{3^{2}}}", answer="511", time_limit=20.0) == 0.0
+
+
+@pytest.mark.parametrize(
+    "text, risky",
+    [
+        ("78.54", False),
+        ("\\frac{1}{2}", False),
+        ("x^2 + 1", False),
+        ("10^{99}", False),
+        ("9^{9^{9}}", True),  # tower of powers
+        ("2**99999", True),
+        ("x^{100000}", True),
+        ("1000!", True),
+        ("\\sum_{k=1}^{n} k", True),
+        ("(" * 8 + "1" + ")" * 8, True),  # the LaTeX parser is slow on deep nesting (~6 s for 35 levels)
+        ("1+" * 300 + "1", True),  # long
+    ],
+)
+def test_which_inputs_go_to_the_killable_worker(text, risky):
+    assert _risky(text) is risky
 
 
 def test_works_outside_the_main_thread():

@@ -21,7 +21,8 @@ its signal-based timeouts disabled (``parsing_timeout=None``, ``timeout_seconds=
 relative numeric tolerance ``|pred - gold| / (|gold| + 1e-8) < tolerance``. An integer gold answer
 (a count) needs an exact value unless ``integer_exact=False``. Plain numbers take a fast path that
 skips sympy. Inputs that could make sympy run away (towers of powers, huge factorials, very long
-expressions) are checked in a killable worker process under ``time_limit`` seconds.
+expressions, brackets nested deeper than 6) are checked in a killable worker process under
+``time_limit`` seconds; an "answer" longer than 2000 characters is wrong without being parsed.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ _RISKY = re.compile(
     r"|\\(?:int|sum|prod|lim|binom|infty|iint)|\d{60,}"
 )
 _MAX_INPROCESS_CHARS = 500
+_MAX_ANSWER_CHARS = 2000
 _SIMPLE_FRACTION = re.compile(
     r"^\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}$|^(-?\d{1,15})\s*/\s*(\d{1,15})$"
 )
@@ -201,14 +203,28 @@ def match(pred: str, gold: str, tolerance: float = 1e-2, integer_exact: bool = T
         return False
 
 
+def _depth(s: str) -> int:
+    depth = best = 0
+    for ch in s:
+        if ch in "([{":
+            depth += 1
+            best = max(best, depth)
+        elif ch in ")]}":
+            depth -= 1
+    return best
+
+
 def _risky(s: str) -> bool:
-    return len(s) > _MAX_INPROCESS_CHARS or bool(_RISKY.search(s))
+    """Inputs that can make the LaTeX parser or sympy run for seconds: long, deeply nested, big powers."""
+    return len(s) > _MAX_INPROCESS_CHARS or bool(_RISKY.search(s)) or _depth(s) > 6
 
 
 def answers_match(
     pred: str, gold: str, *, tolerance: float = 1e-2, integer_exact: bool = True, time_limit: float = 5.0
 ) -> bool | None:
     """``match`` under a wall-clock limit: risky inputs run in a killable worker (timeout -> False)."""
+    if len(pred) > _MAX_ANSWER_CHARS:
+        return False  # not an answer: no parse
     if not (_risky(pred) or _risky(gold)):
         try:
             return match(pred, gold, tolerance, integer_exact)
