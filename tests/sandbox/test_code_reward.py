@@ -105,3 +105,28 @@ def test_full_function_completion_keeps_the_prompt_imports():
     completion = "Sure:\n```python\ndef total(xs: List[int]) -> int:\n    return sum(xs)\n```"
     check = "def check(candidate):\n    assert candidate([1, 2, 3]) == 6\n"
     assert code_reward(completion, tests=check, entry_point="total", prompt=prompt) == 1.0
+
+
+def test_rows_without_usable_tests_are_no_opinion():
+    assert code_reward(ADD) is None  # no tests at all
+    res = code_reward_details(ADD, tests="x = 1\n")  # nothing to assert
+    assert (res.status, res.reward) == ("no_tests", None) and "no top-level assert" in res.reason
+    assert code_reward_batch([ADD, ADD], tests=[None, ["assert add(1, 1) == 2"]]) == [None, 1.0]
+
+
+def test_configure_sets_defaults_and_checks_the_level_up_front():
+    from grouprl.errors import ConfigError
+    from grouprl.sandbox import SandboxConfig, configure
+    from grouprl.sandbox.config import current
+
+    try:
+        cfg = configure({"isolation": "basic", "timeout": 4.0})
+        assert (current().isolation, current().timeout) == ("basic", 4.0)
+        assert code_reward_details(ADD, tests=["assert add(1, 1) == 2"]).isolation == "basic"
+        with pytest.raises(ConfigError, match="Did you mean 'timeout'"):
+            configure(timout=3)
+        with pytest.raises(ConfigError, match="must be > 0"):
+            configure(timeout=0)
+        assert current() is cfg  # a rejected configuration changes nothing
+    finally:
+        configure(SandboxConfig())

@@ -11,8 +11,8 @@ language tag), or the whole completion when it parses as Python. Tests can be as
 expected) pairs, or a HumanEval ``check(candidate)`` function with ``entry_point=`` (see
 ``grouprl.sandbox.suite``). A completion with no code scores 0. Timeouts, crashes and sandbox failures
 are kept apart from wrong answers in :func:`code_reward_details` so they can be logged; they score 0,
-except a sandbox failure that happened before any of the model's code ran, which scores None ("no
-opinion": the trainer leaves it out of the group statistics).
+except a sandbox failure that happened before any of the model's code ran, or a row without usable
+tests, which score None ("no opinion": the trainer leaves them out of the group statistics).
 
 The reward is a thin, picklable wrapper; all the isolation lives in ``grouprl.sandbox``.
 """
@@ -83,35 +83,72 @@ def prepare_job(completion: str, *, answer: Any = None, tests: Any = None, entry
     return CodeJob(code, suite, entry_point)
 
 
-def code_reward_details(completion: str, *, timeout: float = 10.0, isolation: str = "auto", **kwargs: Any):
-    """Run the completion and return the sandbox's :class:`~grouprl.sandbox.SandboxResult`: per-test
-    status and reason, ``status`` ("ok", "error", "timeout", "sandbox_error", "no_code") and ``reward``.
-    ``timeout`` is the job's wall-clock budget in seconds."""
-    from grouprl.sandbox import SandboxResult, run_tests, suite_size
+def _settings(timeout, isolation, **more):
+    from grouprl.sandbox.config import current
 
-    job = prepare_job(completion, **kwargs)
+    cfg = current()
+    return {"timeout": cfg.timeout if timeout is None else timeout,
+            "isolation": cfg.isolation if isolation is None else isolation, **more}
+
+
+def _limits():
+    from grouprl.sandbox import Limits
+    from grouprl.sandbox.config import current
+
+    cfg = current()
+    return Limits(memory_mb=cfg.memory_mb, nproc=cfg.nproc)
+
+
+def code_reward_details(completion: str, *, timeout: float | None = None, isolation: str | None = None,
+                        **kwargs: Any):
+    """Run the completion and return the sandbox's :class:`~grouprl.sandbox.SandboxResult`: per-test
+    status and reason, ``status`` ("ok", "error", "timeout", "sandbox_error", "no_code", "no_tests") and
+    ``reward``. ``timeout`` (job budget, s) and ``isolation`` default to ``grouprl.sandbox.configure``'s."""
+    from grouprl.errors import DataError
+    from grouprl.sandbox import SandboxResult, run_tests, suite_size
+    from grouprl.sandbox.config import current
+
+    try:
+        job = prepare_job(completion, **kwargs)
+    except DataError as e:
+        return SandboxResult.not_run("no_tests", str(e), 0)
     if job.code is None:
         return SandboxResult.not_run("no_code", "no Python code found in the completion", suite_size(job.tests))
-    return run_tests(job.code, job.tests, timeout=timeout, isolation=isolation)
+    return run_tests(job.code, job.tests, **_settings(timeout, isolation), test_timeout=current().test_timeout,
+                     limits=_limits())
 
 
 def code_reward_batch(
     completions: list[str],
     *,
     workers: int | None = None,
-    timeout: float = 10.0,
+    timeout: float | None = None,
     budget: float | None = None,
-    isolation: str = "auto",
+    isolation: str | None = None,
     **columns: Any,
 ) -> list[float | None]:
     """Batch form for the trainer: ``columns`` are per-completion lists (tests=[...], entry_point=[...],
-    prompt=[...]); jobs run in parallel on ``workers`` cores, ``budget`` bounds the whole batch."""
+    prompt=[...]; a non-list value applies to every row); jobs run in parallel on ``workers`` cores and
+    ``budget`` bounds the whole batch (defaults from ``grouprl.sandbox.configure``)."""
+    from grouprl.errors import DataError
     from grouprl.sandbox import run_many
+    from grouprl.sandbox.config import current
 
-    rows = [{k: v[i] for k, v in columns.items() if isinstance(v, list)} for i in range(len(completions))]
-    jobs = [prepare_job(c, **row) for c, row in zip(completions, rows)]
-    results = run_many(jobs, workers=workers, timeout=timeout, budget=budget, isolation=isolation)
-    return [r.reward for r in results]
+    cfg = current()
+    rewards: list[float | None] = [None] * len(completions)
+    jobs, where = [], []
+    for i, c in enumerate(completions):
+        row = {k: (v[i] if isinstance(v, list) else v) for k, v in columns.items()}
+        try:
+            jobs.append(prepare_job(c, **row))
+            where.append(i)
+        except DataError:
+            rewards[i] = None  # no usable tests: no opinion
+    results = run_many(jobs, workers=workers or cfg.workers, budget=budget if budget is not None else cfg.budget,
+                       test_timeout=cfg.test_timeout, limits=_limits(), **_settings(timeout, isolation))
+    for i, r in zip(where, results):
+        rewards[i] = r.reward
+    return rewards
 
 
 @REWARDS.register("code")
@@ -120,11 +157,12 @@ def code_reward(
     *,
     answer: Any = None,
     tests: Any = None,
-    timeout: float = 10.0,
-    isolation: str = "auto",
+    timeout: float | None = None,
+    isolation: str | None = None,
     **meta: Any,
 ) -> float | None:
-    """Fraction of tests the completion's code passes in the sandbox (k/n); None if the sandbox failed."""
+    """Fraction of tests the completion's code passes in the sandbox (k/n); None when the row has no
+    usable tests or the sandbox failed before the code ran."""
     result = code_reward_details(completion, answer=answer, tests=tests, timeout=timeout,
                                  isolation=isolation, **meta)
     return result.reward

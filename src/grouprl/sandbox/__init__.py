@@ -6,12 +6,13 @@ The design and threat model are in docs/SANDBOX.md.
 """
 
 from grouprl.sandbox.capabilities import LEVELS, Capabilities, SandboxUnavailable, detect, resolve_isolation
+from grouprl.sandbox.config import SandboxConfig, configure
 from grouprl.sandbox.pool import CodeJob, default_workers, run_many
 from grouprl.sandbox.result import SandboxResult, TestResult
 from grouprl.sandbox.runner import Limits, run_tests
 from grouprl.sandbox.suite import normalize_tests, suite_size
 
 __all__ = [
-    "LEVELS", "Capabilities", "CodeJob", "Limits", "SandboxResult", "SandboxUnavailable", "TestResult", "default_workers", "detect",
+    "LEVELS", "Capabilities", "CodeJob", "Limits", "SandboxConfig", "configure", "SandboxResult", "SandboxUnavailable", "TestResult", "default_workers", "detect",
     "normalize_tests", "resolve_isolation", "run_many", "run_tests", "suite_size",
 ]

@@ -68,28 +68,15 @@ class Server:
         self.proc = None
 
     def start(self, deadline):
-        limits = self.spec["limits"]
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
         out = open("program.stdout", "ab")
         err = open("program.stderr", "ab")
 
-        def preexec():
-            mb = 1024 * 1024
-            for res, val in (
-                (resource.RLIMIT_AS, limits["as_mb"] * mb),
-                (resource.RLIMIT_CPU, limits["cpu_s"]),
-                (resource.RLIMIT_NPROC, limits["nproc"]),
-                (resource.RLIMIT_FSIZE, limits["fsize_mb"] * mb),
-                (resource.RLIMIT_NOFILE, limits["nofile"]),
-                (resource.RLIMIT_CORE, 0),
-            ):
-                resource.setrlimit(res, (val, val))
-
         argv = [self.spec["python"], "-I", "-c", self.spec["server_src"], str(req_r), str(rep_w)]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(req_r, rep_w),
-            preexec_fn=preexec, start_new_session=True, env=self.spec["env"],
+            preexec_fn=_limits_preexec, start_new_session=True, env=self.spec["env"],
         )
         out.close()
         err.close()
@@ -339,6 +326,7 @@ def run_stdio_tests(suite):
     with open("solution.py", "w") as f:
         f.write(SPEC["code"])
     cap = SPEC["limits"]["output_kb"] * 1024
+    clock = _Deadline()
     for i, case in enumerate(suite["cases"]):
         def test(case=case):
             server = Server(SPEC)
@@ -350,7 +338,7 @@ def run_stdio_tests(suite):
                 )
             proc = server.proc
             try:
-                out = _feed_and_read(proc, case["stdin"].encode(), cap, SESSION_DEADLINE[0])
+                out = _feed_and_read(proc, case["stdin"].encode(), cap, clock.deadline)
             finally:
                 server.kill()
             if out is None:
@@ -358,18 +346,13 @@ def run_stdio_tests(suite):
             got = out.decode("utf-8", "replace")
             if _norm_output(got) != _norm_output(case["stdout"]):
                 raise AssertionError(f"stdout was {got!r:.200}, expected {case['stdout']!r:.200}")
-        run_one(i, _STDIO_SESSION, test)
+        run_one(i, clock, test)
 
 
-class _StdioSession:
+class _Deadline:
+    """What run_one needs of a session when there is no program server: somewhere to put the deadline."""
+
     deadline = 0.0
-
-    def __setattr__(self, k, v):
-        SESSION_DEADLINE[0] = v
-
-
-_STDIO_SESSION = _StdioSession()
-SESSION_DEADLINE = [0.0]
 
 
 def _feed_and_read(proc, data, cap, deadline):

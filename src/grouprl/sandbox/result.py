@@ -33,7 +33,8 @@ class TestResult:
 
 @dataclass
 class SandboxResult:
-    """Outcome of one (code, tests) job; ``reward`` is k/n, or None after a sandbox failure."""
+    """Outcome of one (code, tests) job; ``reward`` is k/n, or None ("no opinion") after a sandbox
+    failure or when the row has no usable tests."""
 
     passed: int
     total: int
@@ -47,7 +48,7 @@ class SandboxResult:
 
     @property
     def reward(self) -> float | None:
-        if self.status == "sandbox_error":
+        if self.status in ("sandbox_error", "no_tests"):
             return None
         return self.passed / self.total if self.total else 0.0
 
