@@ -130,3 +130,11 @@ def test_configure_sets_defaults_and_checks_the_level_up_front():
         assert current() is cfg  # a rejected configuration changes nothing
     finally:
         configure(SandboxConfig())
+
+
+def test_prose_or_chat_prompts_are_not_glued_onto_the_code():
+    tests = [([2], 4)]
+    prose = "Write a function f that doubles its argument."
+    assert code_reward("def f(x):\n    return 2 * x\n", tests=tests, entry_point="f", prompt=prose) == 1.0
+    chat = [{"role": "user", "content": prose}]
+    assert code_reward("def f(x):\n    return 2 * x\n", tests=tests, entry_point="f", prompt=chat) == 1.0

@@ -51,6 +51,18 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
+def _code_prompt(prompt: Any) -> str | None:
+    """The prompt if it is Python (a HumanEval signature + docstring); a prose or chat prompt -- which
+    the trainer's reward adapter passes to every reward -- is never glued onto the code."""
+    if not isinstance(prompt, str) or not prompt.strip():
+        return None
+    try:
+        ast.parse(prompt)
+    except SyntaxError:
+        return None
+    return prompt
+
+
 def _tests_from(answer: Any, tests: Any, meta: dict[str, Any]) -> Any:
     if tests is not None:
         return tests
@@ -74,6 +86,7 @@ def prepare_job(completion: str, *, answer: Any = None, tests: Any = None, entry
         raise DataError("code reward: no tests given; pass tests= (or a 'test'/'test_list' column, or answer=)")
     suite = normalize_tests(suite_src, entry_point=entry_point)
     code = extract_code(completion)
+    prompt = _code_prompt(prompt)
     if code is not None and entry_point and prompt:
         # a full function redefines the prompt's stub (and keeps the prompt's imports); a bare body
         # continues the prompt's function
