@@ -32,6 +32,7 @@ def test_trl_aliases_and_importance_sampling_level():
     cfg = GRPOConfig(beta=0.04, max_completion_length=128)
     assert (cfg.kl_coef, cfg.max_new_tokens) == (0.04, 128)
     assert GRPOConfig(importance_sampling_level="sequence").policy_loss == "gspo"
+    assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
     with pytest.raises(ConfigError, match="beta=0.04 and kl_coef=0.1 disagree"):
         GRPOConfig(beta=0.04, kl_coef=0.1)
 
@@ -87,6 +88,8 @@ def test_yaml_and_dotted_overrides(tmp_path):
 def test_unknown_keys_get_a_did_you_mean(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'learnig_rate'. Did you mean 'learning_rate'"):
         GRPOConfig.from_yaml(None, ["learnig_rate=1e-6"])
+    with pytest.raises(ConfigError, match="unknown config key 'num_generation'. Did you mean 'num_generations'"):
+        GRPOConfig(num_generation=4)  # the Python API too
     with pytest.raises(ConfigError, match="must look like key=value"):
         GRPOConfig.from_yaml(None, ["learning_rate"])
     with pytest.raises(ConfigError, match="num_generations='eight' is not a valid int"):

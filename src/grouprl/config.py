@@ -244,6 +244,8 @@ class GRPOConfig:
 
     # ------------------------------------------------------------------------------------------
     def _resolve_aliases(self) -> None:
+        if isinstance(self.scale_rewards, bool):  # TRL's older boolean form
+            self.scale_rewards = "group" if self.scale_rewards else "none"
         defaults = {f.name: f.default for f in fields(self)}
         for alias, target in ALIASES.items():
             value = getattr(self, alias)
@@ -440,6 +442,25 @@ class GRPOConfig:
             if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
                 docs[node.target.id] = str(nxt.value.value)  # type: ignore[attr-defined]
         return docs
+
+
+def _checked_init(init):
+    """Wrap the dataclass ``__init__`` so a misspelt keyword is a ConfigError with a did-you-mean."""
+    import functools
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        known = {f.name for f in fields(GRPOConfig)}
+        for key in kwargs:
+            if key not in known:
+                raise ConfigError(f"unknown config key {key!r}.{did_you_mean(key, known)} "
+                                  f"See `grouprl train --help-config` for every field.")
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+GRPOConfig.__init__ = _checked_init(GRPOConfig.__init__)  # type: ignore[method-assign]
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

@@ -144,3 +144,28 @@ def test_periodic_held_out_evaluation_and_pass_at_k(tiny_model_dir, train_rows, 
     assert {"accuracy", "pass@1", "pass@2", "pass@4"} <= set(sampled)
     # unbiased pass@k (arXiv 2107.03374 Eq. 1): n=4, c=1, k=2 -> 1 - C(3,2)/C(4,2) = 0.5
     assert pass_at_k(4, 1, 2) == 0.5 and pass_at_k(5, 2, 1) == pytest.approx(0.4) and pass_at_k(4, 3, 2) == 1.0
+
+
+def test_mu_two_reuses_the_round_with_old_logprobs(tiny_model_dir, train_rows, fast_config):
+    cfg = fast_config(num_iterations=2, gradient_accumulation_steps=2, max_steps=2, algorithm="grpo")
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    trainer.train()
+    first, second = train_records(cfg.output_dir)
+    assert first["time/generate"] > 0 and second["time/generate"] == 0.0  # one round, two passes
+    assert first["time/old_logp_forward"] > 0
+    assert first["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)  # pass 1: pi_theta == pi_old
+    assert second["policy/ratio_max"] > 1.0 + 1e-4 and second["reward"] == first["reward"]
+
+
+@pytest.mark.slow
+def test_reward_goes_up(tiny_model_dir, train_rows, fast_config):
+    """40 steps on a reward a random tiny model can learn (share of digits in the completion)."""
+
+    def digit_share(completions, **kw):
+        return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+
+    cfg = fast_config(num_generations=8, per_device_train_batch_size=16, gradient_accumulation_steps=1,
+                      max_steps=40, learning_rate=3e-3, log_completions_steps=0)
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows * 2, reward_funcs=digit_share).train()
+    rewards = [r["reward"] for r in train_records(cfg.output_dir)]
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3
