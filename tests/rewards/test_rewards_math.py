@@ -131,3 +131,29 @@ def test_works_outside_the_main_thread():
     t.start()
     t.join(60)
     assert out == [1.0]
+
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        ("<think>r=5</think>\n\nThe area is $25\\pi \\approx 78.54$.", "78.54", 1.0),
+        ("<think>r=5</think>\n\nThe area is $25\\pi$.", "25\\pi", 1.0),
+        ("<think>r=5</think>\n\nThe area is $25\\pi$.", "25", 0.0),
+        ("<think>r=5</think>\n\nThe area is $\\frac{\\sqrt{3}}{2}$ units.", "\\frac{\\sqrt{3}}{2}", 1.0),
+        ("<think>r=5</think>\n\nThe area is $\\frac{\\sqrt{3}}{2}$ units.", "\\frac{\\sqrt{2}}{2}", 0.0),
+        ("<think>x</think>\n\n**Final Answer**\n\n$$\\boxed{\\dfrac{3}{4}}$$", "0.75", 1.0),
+        ("<think>x</think>\nThe final answer is $\\boxed{12}$. I hope it is correct.", "12", 1.0),
+        ("<think>x</think>\nSo she has 18 dollars left.", "18", 1.0),
+        ("<think>x</think>\nSo she has 18 dollars left.", "17", 0.0),
+        (
+            "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips altogether.\n#### 72",
+            "72",
+            1.0,
+        ),
+        ("<think>x</think>The answer is: 3.5%", "3.5\\%", 1.0),
+        ("<think>x</think>The solutions are $x = 2$ and $x = 3$.", "\\{2, 3\\}", 1.0),
+        ("<think>x</think>The solutions are $x = 2$ and $x = 3$.", "\\{2, 4\\}", 0.0),
+    ],
+)
+def test_realistic_final_answers(completion, gold, expected):
+    assert math_reward(completion, answer=gold) == expected

@@ -48,6 +48,8 @@ _SIMPLE_FRACTION = re.compile(
     r"^\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}$|^(-?\d{1,15})\s*/\s*(\d{1,15})$"
 )
 _INNER_FRACTION = re.compile(r"\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+|\\text\{[^}]*\}")
+_PROSE_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}(?![A-Za-z])")
 # Prose with any of these is not "just a number" (25 pi, 3/4, x = 5, 25%, two thirds, ...).
 _NOT_PROSE = re.compile(
     r"[\\^/*=+%{}()\[\]<>|!]|\d\s*[-×÷·]|\b(?:pi|sqrt|root|over|half|halves|thirds?|quarters?|percent|"
@@ -125,9 +127,16 @@ def _parse(text: str) -> tuple:
 
     text = text.strip()
     body = text.strip("$").strip()
-    # Plain text first when there is no LaTeX: math-verify's expression regexes are ~100x faster
-    # than its ANTLR LaTeX parser (0.3 ms vs 30 ms).
-    forms = (text, f"${body}$") if not re.search(r"[\\{}()\[\]]", text) else (f"${body}$", text)
+    if "$" in body or "\\boxed" in body or _PROSE_WORD.search(_LATEX_COMMAND.sub(" ", body)):
+        # Delimited math or prose around it: math-verify finds the math itself; wrapping the whole
+        # text in $...$ would parse the words as a product of symbols.
+        forms: tuple[str, ...] = (text, f"${body}$")
+    elif re.search(r"[\\{}()\[\]]", text):
+        forms = (f"${body}$", text)
+    else:
+        # Plain expressions: math-verify's expression regexes are ~100x faster than its ANTLR LaTeX
+        # parser (0.3 ms vs 30 ms).
+        forms = (text, f"${body}$")
     for form in forms:
         try:
             got = parse(form, fallback_mode="no_fallback", parsing_timeout=None)
