@@ -138,3 +138,10 @@ def test_prose_or_chat_prompts_are_not_glued_onto_the_code():
     assert code_reward("def f(x):\n    return 2 * x\n", tests=tests, entry_point="f", prompt=prose) == 1.0
     chat = [{"role": "user", "content": prose}]
     assert code_reward("def f(x):\n    return 2 * x\n", tests=tests, entry_point="f", prompt=chat) == 1.0
+
+
+def test_pairs_keep_python_types_on_the_way_to_the_judge():
+    code = "def uniq(xs):\n    return set(xs)\n"
+    pairs = [(([1, 1, 2],), {1, 2}), (([3],), {3}), (([],), {0})]
+    res = run_tests(code, pairs, entry_point="uniq", timeout=5)
+    assert [t.status for t in res.tests] == ["passed", "passed", "failed"]

@@ -289,7 +289,9 @@ def run_code_tests(suite):
     try:
         if suite["kind"] == "call":
             proxy = Proxy(session, suite["entry_point"])
-            for i, case in enumerate(suite["cases"]):
+            for i, raw in enumerate(suite["cases"]):
+                case = {k: decode(v) for k, v in raw.items()}
+
                 def test(case=case):
                     got = proxy(*case["args"], **case["kwargs"])
                     if not same(got, case["expected"]):

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from grouprl.sandbox import _wire as wire
 from grouprl.sandbox.result import SandboxResult, TestResult
 from grouprl.sandbox.suite import normalize_tests, suite_size
 
@@ -195,6 +196,8 @@ def run_tests(
             os.chmod(workdir, 0o700)
             argv, pid_ns = _basic_prefix(caps)
         judge_src, server_src = scripts()
+        if suite["kind"] == "call":  # Python values (tuples, sets, bytes...) survive the trip to the judge
+            suite = {**suite, "cases": [{k: wire.encode(v) for k, v in case.items()} for case in suite["cases"]]}
         nonce = secrets.token_hex(16)
         spec = {
             "nonce": nonce, "uid": uid, "python": sys.executable if level == "strict" else caps.basic_python, "server_src": server_src, "code": code,
