@@ -33,3 +33,22 @@ def test_config_errors_are_one_line_and_exit_2(capsys):
     assert "Did you mean 'num_generations'?" in capsys.readouterr().err
     assert main(["train", "-c", str(RECIPE), "policy_loss=gspoo", "--dry-run"]) == 2
     assert "Closest match: 'gspo'" in capsys.readouterr().err
+
+
+def test_lora_run_then_eval_of_the_adapter_checkpoint_and_the_merged_model(tiny_model_dir, tmp_path, capsys):
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (data / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:2]))
+    out = tmp_path / "run"
+    assert main(["train", "-c", str(RECIPE), f"model={tiny_model_dir}", f"dataset={data}", f"output_dir={out}",
+                 "use_peft=true", "lora_r=4", "eval_before_train=false"]) == 0
+    assert (out / "checkpoint-1" / "adapter_config.json").is_file()  # checkpoints hold the adapter
+    assert (out / "final" / "config.json").is_file() and (out / "final" / "adapter").is_dir()
+    capsys.readouterr()
+    for ckpt in ("checkpoint-1", "final"):
+        assert main(["eval", "-c", str(out / "config.yaml"), "--checkpoint", str(out / ckpt), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["num_prompts"] == 2

@@ -169,3 +169,21 @@ def test_reward_goes_up(tiny_model_dir, train_rows, fast_config):
     GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows * 2, reward_funcs=digit_share).train()
     rewards = [r["reward"] for r in train_records(cfg.output_dir)]
     assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3
+
+
+def test_chat_prompts_get_chat_completions_and_the_template(tiny_model_dir, fast_config):
+    seen = {}
+
+    def spy(completions, prompts, answer, **kw):
+        seen.update(completion=completions[0], prompt=prompts[0], answer=answer[0], state=kw.get("trainer_state"))
+        return [float(len(c[0]["content"]) % 3) for c in completions]
+
+    rows = [{"prompt": [{"role": "user", "content": f"add {i} and 1"}], "answer": str(i + 1)} for i in range(4)]
+    cfg = fast_config(system_prompt="Answer with a number.", max_steps=1)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=rows, reward_funcs=spy)
+    trainer.train()
+    assert isinstance(seen["completion"], list) and seen["completion"][0]["role"] == "assistant"  # TRL's convention
+    assert seen["prompt"][0]["role"] == "user" and seen["answer"] in {"1", "2", "3", "4"}
+    assert (seen["state"].global_step, seen["state"].max_steps) == (0, 1)
+    sample = json.loads(open(f"{cfg.output_dir}/samples.jsonl").readline())
+    assert sample["prompt"].startswith("<|im_start|>system\nAnswer with a number.<|im_end|>\n<|im_start|>user\nadd")
