@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from train_helpers import train_records
 
 from grouprl.config import GRPOConfig
 from grouprl.registry import load_builtins
@@ -145,3 +146,19 @@ def test_prompt_stream_reshuffles_each_epoch_and_restores_its_position():
     again = PromptStream(6, 2, seed=1)
     again.load_state(state)
     assert [again.next() for _ in range(3)] == epoch1
+
+
+def test_dropped_groups_can_leave_empty_micro_batches(tiny_model_dir, fast_config):
+    from grouprl import GRPOTrainer
+
+    def one_varying_group(completions, prompts, **kw):
+        return [float(len(c)) if "0 +" in p else 1.0 for c, p in zip(completions, prompts)]
+
+    rows = [{"prompt": f"What is {i} + 1?"} for i in range(2)]
+    # 2 prompts x G=4 per round in 4 micro-batches of 2; dropping one group leaves 2 micro-batches empty
+    cfg = fast_config(dynamic_sampling="drop", per_device_train_batch_size=2, gradient_accumulation_steps=4,
+                      kl_coef=0.1, num_iterations=2, max_steps=2, max_new_tokens=6)
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=rows, reward_funcs=one_varying_group).train()
+    records = train_records(cfg.output_dir)
+    assert [r["dynamic/kept_groups"] for r in records] == [1.0, 1.0]  # mu = 2: one round, two passes
+    assert all(0 < r["num_tokens"] <= 4 * 6 and r["grad_norm"] > 0 for r in records)

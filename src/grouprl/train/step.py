@@ -125,6 +125,9 @@ def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: A
     """log-probs of each micro-batch without gradient (reference or old policy)."""
     out = []
     for mb in rows:
+        if mb.prompt_ids.shape[0] == 0:  # a micro-batch emptied by dropped groups
+            out.append(torch.zeros(mb.completion_ids.shape, dtype=torch.float32, device=mb.completion_ids.device))
+            continue
         with ctx():
             logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                        mb.completion_mask, temperature)
