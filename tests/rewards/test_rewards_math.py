@@ -36,6 +36,12 @@ SEED = (
         # a boxed answer inside the reasoning is preferred to its last number
         ("<think>so \\boxed{16}, check: 4 * 4</think>", False, "16"),
         ("\\boxed{\\frac{1}{2}}", False, "\\frac{1}{2}"),
+        # an untagged JSON tool call is not the answer either
+        (
+            '<think>so 78.54</think>\n{"name": "calc", "arguments": {"expression": "3.14 * 5**2"}}',
+            False,
+            "78.54",
+        ),
         ("no numbers here", False, None),
         # hedging: two different boxed answers / answer lines
         ("\\boxed{78} or maybe \\boxed{79}", False, HEDGE),

@@ -19,6 +19,7 @@ TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 # A tool-call block, or an unclosed one running to the end of the text; also tool responses.
 _TOOL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.S)
+_JSON_CALL_LINE = re.compile(r'^[ \t]*\{[^\n]*"name"[^\n]*"arguments"[^\n]*\}[ \t]*$', re.M)
 _TOOL_BODY = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
 
 # English sentence ends only count when followed by space/end, so "78.54" is not split.
@@ -58,8 +59,10 @@ def split_think(text: str) -> ThinkSplit:
 
 
 def strip_tool_blocks(text: str) -> str:
-    """The text without ``<tool_call>`` / ``<tool_response>`` blocks (their numbers are never answers)."""
-    return _TOOL_RESPONSE.sub(" ", _TOOL_BLOCK.sub(" ", text))
+    """The text without ``<tool_call>`` / ``<tool_response>`` blocks and without untagged JSON tool-call
+    lines (``{"name": ..., "arguments": ...}``): numbers in tool calls are never answers."""
+    text = _TOOL_RESPONSE.sub(" ", _TOOL_BLOCK.sub(" ", text))
+    return _JSON_CALL_LINE.sub(" ", text) if '"arguments"' in text else text
 
 
 def tool_call_bodies(text: str) -> list[str]:
