@@ -32,7 +32,8 @@ def _samples(tmp_path):
     )
 
 
-def test_composite_table_summary_and_line_errors(tmp_path, capsys):
+def test_composite_table_summary_and_line_errors(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # rich sizes the table to the terminal
     rc = main(["reward", "score", "--input", _samples(tmp_path), "--group-key", "gid"])
     out, err = capsys.readouterr()
     assert rc == 1  # two lines could not be scored, the others were
