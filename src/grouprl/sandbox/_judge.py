@@ -394,6 +394,7 @@ def _feed_and_read(proc, data, cap, deadline):
 
 
 def _limits_preexec():
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the judge
     mb = 1024 * 1024
     limits = SPEC["limits"]
     for res, val in (
@@ -427,6 +428,7 @@ def _harden(uid):
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: setuid binaries give no privileges
     libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<judge>/{mem,fd,environ}
     libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the program come back to us
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent (after setuid, which clears it)
     if os.getuid() == 0 and uid is not None:
         raise RuntimeError("could not drop root privileges")
 
