@@ -71,6 +71,7 @@ class Workload:
     threads: int = 1
     seed: int = 0
     num_prompts: int = 64
+    rollout_backend: str = "transformers"  # grouprl only: a built-in name or "package.module:Class"
 
     @property
     def completions_per_step(self) -> int:
@@ -150,7 +151,8 @@ def child_env(threads: int) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         OMP_NUM_THREADS=str(threads),
         MKL_NUM_THREADS=str(threads),
-        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)] + ([os.environ["PYTHONPATH"]]
+                                                                      if os.environ.get("PYTHONPATH") else [])),
         CUDA_VISIBLE_DEVICES="",
         WANDB_DISABLED="true",
     )
@@ -314,5 +316,53 @@ def workload_dict(w: Workload) -> dict[str, Any]:
 __all__ = [
     "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "StepClock", "Workload", "child_env",
     "make_checkpoint", "make_dataset_rows", "median_result", "number_reward", "run_child",
-    "summarize_steps", "workload_dict",
+    "markdown_scaling", "markdown_vs_trl", "summarize_steps", "workload_dict",
 ]
+
+
+def markdown_vs_trl(result: dict[str, Any]) -> str:
+    """Short tables of a ``vs_trl.py`` JSON result (headline figures, then the per-step breakdown)."""
+    lines = ["| config | library | steps/s (wall) | steps per CPU-s | completion tok/s | peak RSS MiB "
+             "| overhead | rewards, losses finite |", "|---|---|---|---|---|---|---|---|"]
+    for name, cfg in result["configs"].items():
+        for lib in ("grouprl", "trl"):
+            r = cfg.get(lib) or {}
+            if not r.get("repeats"):
+                continue
+            lines.append(f"| {name} | {lib} | {r['steps_per_s']:.2f} | {r['steps_per_cpu_s']:.2f} | "
+                         f"{r['completion_tokens_per_s']:.0f} | {r['peak_rss_mib']:.0f} | "
+                         f"{100 * r['overhead_frac']:.1f}% | {r['rewards_finite'] and r['losses_finite']} |")
+        ratio = cfg.get("ratio_grouprl_over_trl")
+        if ratio:
+            lines.append(f"| {name} | **grouprl / TRL** | **{ratio['steps_per_s']:.2f}x** | "
+                         f"**{ratio['steps_per_cpu_s']:.2f}x** | {ratio['completion_tokens_per_s']:.2f}x | "
+                         f"{ratio['peak_rss_mib']:.2f}x | | |")
+    lines += ["", "| config | library | " + " | ".join(PHASES) + " | other | step (ms) |",
+              "|---|---|" + "---|" * (len(PHASES) + 2)]
+    for name, cfg in result["configs"].items():
+        for lib in ("grouprl", "trl"):
+            r = cfg.get(lib) or {}
+            if not r.get("repeats"):
+                continue
+            b = r["breakdown_s_per_step"]
+            cells = " | ".join(f"{1000 * b[k]:.1f}" for k in (*PHASES, "other", "step_time"))
+            lines.append(f"| {name} | {lib} | {cells} |")
+    return "\n".join(lines)
+
+
+def markdown_scaling(result: dict[str, Any]) -> str:
+    """Short table of a ``scaling.py`` JSON result: ms per step (wall / CPU) and peak RSS per point."""
+    libs = [k for k in ("grouprl", "trl") if any(k in p for p in result["points"])]
+    head = " | ".join(f"{lib} ms/step wall | {lib} ms/step CPU | {lib} RSS MiB" for lib in libs)
+    lines = [f"| G | T | {head} |", "|---|---|" + "---|" * (3 * len(libs))]
+    for p in result["points"]:
+        cells = []
+        for lib in libs:
+            r = p.get(lib) or {}
+            if r.get("repeats"):
+                cells += [f"{1000 * r['time_per_step_s']:.0f}", f"{1000 * r['cpu_time_per_step_s']:.0f}",
+                          f"{r['peak_rss_mib']:.0f}"]
+            else:
+                cells += ["failed", "", ""]
+        lines.append(f"| {p['num_generations']} | {p['max_new_tokens']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

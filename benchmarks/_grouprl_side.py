@@ -70,6 +70,7 @@ def grouprl_config(w: Workload, output_dir: str):
         kl_estimator="k3",  # TRL's estimator
         dynamic_sampling="none",
         mask_truncated_completions=False,
+        rollout_backend=w.rollout_backend,
     )
 
 

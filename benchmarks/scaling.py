@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GRPO, make_checkpoint, median_result, run_child  # noqa: E402
+from _common import GRPO, make_checkpoint, markdown_scaling, median_result, run_child  # noqa: E402
 from vs_trl import SCRIPT as WORKER  # noqa: E402
 from vs_trl import versions  # noqa: E402
 
@@ -58,7 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-group", type=int, default=8)
     p.add_argument("--base-length", type=int, default=64)
     p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--markdown", type=Path, default=None, help="print the table of a saved JSON result and exit")
     args = p.parse_args(argv)
+    if args.markdown:
+        print(markdown_scaling(json.loads(args.markdown.read_text())))
+        return 0
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
     base = replace(GRPO, steps=args.steps, threads=args.threads)
     grid = [("G", g, replace(base, num_generations=g, max_new_tokens=args.base_length))

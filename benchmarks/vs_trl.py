@@ -37,6 +37,7 @@ from _common import (  # noqa: E402
     GSPO,
     Workload,
     make_checkpoint,
+    markdown_vs_trl,
     median_result,
     run_child,
 )
@@ -130,10 +131,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-generations", type=int, default=None, help="G")
     p.add_argument("--hidden-size", type=int, default=64, help="tiny model width")
     p.add_argument("--num-layers", type=int, default=2, help="tiny model depth")
+    p.add_argument("--rollout-backend", default=None,
+                   help="grouprl rollout_backend (a built-in name or package.module:Class)")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    p.add_argument("--markdown", type=Path, default=None, help="print tables of a saved JSON result and exit")
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker, json.loads(args.spec))
+        return 0
+    if args.markdown:
+        print(markdown_vs_trl(json.loads(args.markdown.read_text())))
         return 0
 
     libs = tuple(x.strip() for x in args.libs.split(",") if x.strip())
@@ -142,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides["steps"] = args.steps
     if args.max_new_tokens:
         overrides["max_new_tokens"] = args.max_new_tokens
+    if args.rollout_backend:
+        overrides["rollout_backend"] = args.rollout_backend
     if args.num_generations:
         overrides["num_generations"] = args.num_generations
     with tempfile.TemporaryDirectory(prefix="grouprl-bench-model-") as tmp:
