@@ -187,3 +187,21 @@ def test_chat_prompts_get_chat_completions_and_the_template(tiny_model_dir, fast
     assert (seen["state"].global_step, seen["state"].max_steps) == (0, 1)
     sample = json.loads(open(f"{cfg.output_dir}/samples.jsonl").readline())
     assert sample["prompt"].startswith("<|im_start|>system\nAnswer with a number.<|im_end|>\n<|im_start|>user\nadd")
+
+
+def test_builtin_model_and_task_names_are_resolved_lazily(tiny_model_dir, fast_config, monkeypatch):
+    import grouprl.warmstart
+
+    asked = []
+    monkeypatch.setattr(grouprl.warmstart, "builtin_model_path",
+                        lambda name, cache_dir=None: asked.append(name) or str(tiny_model_dir))
+    cfg = fast_config(model="builtin:arithmetic", dataset="builtin:arithmetic", dataset_kwargs={"n": 8},
+                      reward_funcs=["accuracy", "format"], eval_split="test", max_eval_samples=2, max_steps=1)
+    trainer = GRPOTrainer(args=cfg)  # TRL's keyword for the config
+    assert asked == ["arithmetic", "arithmetic"]  # tokenizer and weights
+    assert len(trainer.train_dataset) == 8 and len(trainer.eval_dataset) == 2
+    assert {"prompt", "answer"} <= set(trainer.train_dataset.column_names)
+    result = trainer.train()
+    assert result["evals"]["after"]["num_prompts"] == 2
+    rec = train_records(cfg.output_dir)[0]
+    assert "rewards/accuracy/mean" in rec and "rewards/format/mean" in rec
