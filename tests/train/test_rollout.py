@@ -47,3 +47,12 @@ def test_unknown_backend_names_the_plugin_form():
         make_backend("vllm", None, None)
     with pytest.raises(ConfigError, match="cannot be loaded"):
         make_backend("no_such_module_xyz:Engine", None, None)
+
+
+def test_min_new_tokens_forces_the_length(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    backend = make_backend("transformers", AutoModelForCausalLM.from_pretrained(tiny_model_dir), tok)
+    out = backend.generate(["hi"], 4, SamplingParams(max_new_tokens=5, min_new_tokens=5))
+    assert out.completion_mask.sum(dim=1).tolist() == [5, 5, 5, 5]

@@ -20,6 +20,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     max_prompt_length: int | None = None
+    min_new_tokens: int = 0  # > 0 suppresses EOS until this length (fixed-length benchmarks)
 
 
 @dataclass

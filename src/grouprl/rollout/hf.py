@@ -68,6 +68,7 @@ class TransformersBackend:
         sample = params.temperature > 0
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=params.min_new_tokens or None,
             do_sample=sample,
             temperature=params.temperature if sample else None,
             top_p=params.top_p if sample else None,
