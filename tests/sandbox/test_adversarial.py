@@ -186,3 +186,10 @@ def test_rlimits_and_identity_inside(level, no_leftovers):
                     resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_FSIZE)[1] >> 20]
     """, tests=["assert f() == [True, 0, 64, 1024, 128, 16]"])
     assert res.reward == 1.0, res.reason
+
+
+def test_test_code_and_program_can_import_the_stdlib(level, no_leftovers):
+    check = "import random\n\ndef check(candidate):\n    rng = random.Random(0)\n    xs = [rng.randrange(9) for _ in range(5)]\n    assert candidate(xs) == sorted(xs)\n"
+    res = run_tests("import heapq\ndef f(xs):\n    return heapq.nsmallest(len(xs), xs)\n", check, entry_point="f",
+                    timeout=5.0, isolation=level)
+    assert res.reward == 1.0, res.reason

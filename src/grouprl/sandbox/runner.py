@@ -196,11 +196,14 @@ def run_tests(
             os.chmod(workdir, 0o700)
             argv, pid_ns = _basic_prefix(caps)
         judge_src, server_src = scripts()
+        # basic has no mount namespace: after the judge drops to the job's uid it (and the program) must
+        # still be able to read the interpreter's stdlib, so both use one the uid can reach
+        python = sys.executable if level == "strict" else caps.basic_python
         if suite["kind"] == "call":  # Python values (tuples, sets, bytes...) survive the trip to the judge
             suite = {**suite, "cases": [{k: wire.encode(v) for k, v in case.items()} for case in suite["cases"]]}
         nonce = secrets.token_hex(16)
         spec = {
-            "nonce": nonce, "uid": uid, "python": sys.executable if level == "strict" else caps.basic_python, "server_src": server_src, "code": code,
+            "nonce": nonce, "uid": uid, "python": python, "server_src": server_src, "code": code,
             "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
             # kill(-1) from the judge reaches only the job's own processes: under a dedicated uid or in
             # a PID namespace. Never otherwise -- it would hit every process of the user.
@@ -208,7 +211,7 @@ def run_tests(
             "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
             "env": _env(workdir),
         }
-        argv = argv + [sys.executable, "-I", "-S", "-c", judge_src]
+        argv = argv + [python, "-I", "-S", "-c", judge_src]
         try:
             out, err, killed = _communicate(argv, cwd, _env(workdir), json.dumps(spec).encode(), timeout + GRACE_S)
         except OSError as e:
