@@ -103,10 +103,15 @@ def test_the_judge_cannot_be_read_or_traced(no_leftovers):
 
 
 def test_the_program_never_sees_expected_values(no_leftovers):
-    res = score("""
-        import gc, sys
+    """A program that spies on every request its server receives still cannot find the expected value."""
+    spy = textwrap.dedent("""
+        import json, sys
+        SEEN = [json.dumps(sys._getframe(1).f_locals.get("req"))]  # the load request, from _serve's frame
         def f(x):
-            seen = [o for o in gc.get_objects() if isinstance(o, str) and "12345" in o]
-            return len(seen) + len([a for a in sys.argv if "12345" in a])
-    """, tests=["assert f(0) == 0 or 12345 == 12345"])
-    assert res.reward == 1.0, res.reason
+            SEEN.append(json.dumps(sys._getframe(1).f_locals.get("req")))  # this call's request
+            needle = "zq-" + str(9173)
+            return needle if any(needle in s for s in SEEN) else "not found: " + str(len(SEEN))
+    """)
+    res = run_tests(spy, [((0,), "zq-9173")], entry_point="f", timeout=5.0)
+    assert res.reward == 0.0
+    assert res.tests[0].reason == "AssertionError: returned 'not found: 2', expected 'zq-9173'"

@@ -88,7 +88,9 @@ class Server:
 
     def request(self, msg, deadline):
         try:
-            os.write(self.wfd, dumps(msg))
+            data = memoryview(dumps(msg))
+            while data:
+                data = data[os.write(self.wfd, data):]
         except OSError:
             raise ProgramDied(self._died()) from None
         while b"\n" not in self.buf:
