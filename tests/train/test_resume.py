@@ -74,17 +74,37 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, train_rows, fast_confi
     _assert_same(reference, train_records(mid.output_dir), [2, 3, 4])
 
 
+def test_cli_resume_extends_a_finished_run(tiny_model_dir, tmp_path, capsys):
+    import json
+    from pathlib import Path
+
+    from grouprl.cli import main
+
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) for i in range(8)))
+    recipe = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
+    args = ["train", "-c", str(recipe), f"model={tiny_model_dir}", f"dataset={data}", f"output_dir={tmp_path / 'o'}",
+            "eval_split=null", "save_steps=10"]
+    assert main(args) == 0
+    assert (tmp_path / "o" / "checkpoint-2").is_dir()  # the last step is always checkpointed
+    assert main(args + ["max_steps=3", "--resume"]) == 0
+    steps = [r["step"] for r in train_records(tmp_path / "o")]
+    assert steps == [1, 2, 3]
+    assert "trained 3 steps" in capsys.readouterr().out
+
+
 def test_checkpoints_are_atomic_and_rotated(tiny_model_dir, train_rows, fast_config, tmp_path):
     from grouprl.train.checkpoint import list_checkpoints
 
     cfg = _config(fast_config, tmp_path / "rot", save_total_limit=2)
     GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward).train()
     names = [p.name for p in list_checkpoints(cfg.output_dir)]
-    assert names == ["checkpoint-2", "checkpoint-3"]  # save_steps=1, last step is the final model; limit 2
+    assert names == ["checkpoint-3", "checkpoint-4"]  # save_steps=1 over 4 steps, limit 2
     assert not list((tmp_path / "rot").glob(".tmp-*"))
     ckpt = tmp_path / "rot" / "checkpoint-3"
     state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
     assert state["step"] == 3 and state["data"] == {"epoch": 0, "pos": 2 * 2}
+    assert state["round_step"] == 1 and state["round"] is not None  # mid-round: the round is saved
     assert {"optimizer", "scheduler", "rng", "round", "round_step"} <= set(state)
     from transformers import AutoModelForCausalLM
 

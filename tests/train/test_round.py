@@ -131,9 +131,11 @@ def test_step_plan_from_epochs_and_batch_arithmetic():
     with pytest.raises(DataError, match="has 3 rows but one generation round needs 4 prompts"):
         plan_steps(cfg, 3)
     epoch = GRPOConfig(save_strategy="epoch", num_generations=2, per_device_train_batch_size=2)
-    assert [s for s in range(1, 10) if _should_save(epoch, s, 3, 9)] == [3, 6]  # never the final step
+    assert [s for s in range(1, 11) if _should_save(epoch, s, 3, 10)] == [3, 6, 9, 10]  # and the last step
     steps = GRPOConfig(save_steps=4, num_generations=2, per_device_train_batch_size=2)
-    assert [s for s in range(1, 13) if _should_save(steps, s, 3, 12)] == [4, 8]
+    assert [s for s in range(1, 13) if _should_save(steps, s, 3, 12)] == [4, 8, 12]
+    assert not any(_should_save(GRPOConfig(save_strategy="no", num_generations=2, per_device_train_batch_size=2),
+                                s, 3, 12) for s in range(1, 13))
 
 
 def test_prompt_stream_reshuffles_each_epoch_and_restores_its_position():

@@ -188,11 +188,12 @@ class RunContext:
 
 
 def _should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:
-    if cfg.save_strategy == "steps":
-        return step % cfg.save_steps == 0 and step < total_steps
-    if cfg.save_strategy == "epoch":
-        return step % steps_per_epoch == 0 and step < total_steps
-    return False
+    """Every save_steps (or epoch), and at the last step so that a longer run can --resume from it."""
+    if cfg.save_strategy == "no":
+        return False
+    if step == total_steps:
+        return True
+    return step % (cfg.save_steps if cfg.save_strategy == "steps" else steps_per_epoch) == 0
 
 
 # ---- one generation round ---------------------------------------------------------------------------
