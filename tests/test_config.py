@@ -31,7 +31,10 @@ def test_presets_fill_only_unset_fields():
 def test_trl_aliases_and_importance_sampling_level():
     cfg = GRPOConfig(beta=0.04, max_completion_length=128)
     assert (cfg.kl_coef, cfg.max_new_tokens) == (0.04, 128)
-    assert GRPOConfig(importance_sampling_level="sequence").policy_loss == "gspo"
+    trl_gspo = GRPOConfig(importance_sampling_level="sequence")  # TRL's way to ask for GSPO: GSPO's defaults
+    assert (trl_gspo.algorithm, trl_gspo.policy_loss, trl_gspo.epsilon, trl_gspo.epsilon_high) == ("gspo", "gspo", 3e-4, 4e-4)
+    explicit = GRPOConfig(algorithm="grpo", importance_sampling_level="sequence")  # user's preset is kept
+    assert (explicit.policy_loss, explicit.epsilon) == ("gspo", 0.2)
     assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
     with pytest.raises(ConfigError, match="beta=0.04 and kl_coef=0.1 disagree"):
         GRPOConfig(beta=0.04, kl_coef=0.1)

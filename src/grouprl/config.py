@@ -96,8 +96,9 @@ class GRPOConfig:
     """Reward whose mean on the held-out split is reported as accuracy."""
 
     # ---- algorithm ----------------------------------------------------------------------------
-    algorithm: str = "grpo"
-    """Preset filling unset algorithm fields: grpo, gspo, dr_grpo, dapo, rloo."""
+    algorithm: str | None = None
+    """Preset filling unset algorithm fields: grpo, gspo, dr_grpo, dapo, rloo (``None`` = grpo, or gspo when
+    importance_sampling_level is ``sequence``)."""
     policy_loss: str | None = None
     """POLICY_LOSSES name (grpo, gspo, gspo_token, cispo...); ``None`` = from the preset."""
     importance_sampling_level: str | None = None
@@ -261,6 +262,8 @@ class GRPOConfig:
             setattr(self, alias, None)
 
     def _apply_preset(self) -> None:
+        if self.algorithm is None:
+            self.algorithm = "gspo" if self.importance_sampling_level == "sequence" else "grpo"
         if self.algorithm not in ALGORITHM_PRESETS:
             raise ConfigError(
                 f"algorithm={self.algorithm!r} is not a known preset.{did_you_mean(self.algorithm, ALGORITHM_PRESETS)} "
