@@ -193,3 +193,25 @@ def test_test_code_and_program_can_import_the_stdlib(level, no_leftovers):
     res = run_tests("import heapq\ndef f(xs):\n    return heapq.nsmallest(len(xs), xs)\n", check, entry_point="f",
                     timeout=5.0, isolation=level)
     assert res.reward == 1.0, res.reason
+
+
+@pytest.mark.skipif(not detect().strict, reason="bubblewrap not available")
+def test_hidden_paths_keep_answer_files_out_of_reach(no_leftovers):
+    """World-readable files are visible under strict unless hidden (docs/SANDBOX.md)."""
+    import tempfile
+
+    d = tempfile.mkdtemp(dir="/var/tmp")
+    try:
+        os.chmod(d, 0o755)
+        answers = os.path.join(d, "answers.txt")
+        with open(answers, "w") as f:
+            f.write("42")
+        os.chmod(answers, 0o644)
+        cheat = f"def f():\n    try:\n        return int(open({answers!r}).read())\n    except OSError:\n        return -1\n"
+        assert run_tests(cheat, ["assert f() == 42"], timeout=5).reward == 1.0  # visible by default
+        assert run_tests(cheat, ["assert f() == 42"], timeout=5, hide_paths=[d]).reward == 0.0
+        assert run_tests(cheat, ["assert f() == 42"], timeout=5, hide_paths=[answers]).reward == 0.0
+    finally:
+        import shutil
+
+        shutil.rmtree(d)

@@ -128,7 +128,7 @@ def code_reward_details(completion: str, *, timeout: float | None = None, isolat
     if job.code is None:
         return SandboxResult.not_run("no_code", "no Python code found in the completion", suite_size(job.tests))
     return run_tests(job.code, job.tests, **_settings(timeout, isolation), test_timeout=current().test_timeout,
-                     limits=_limits())
+                     limits=_limits(), hide_paths=tuple(current().hide_paths))
 
 
 def code_reward_batch(
@@ -158,7 +158,8 @@ def code_reward_batch(
         except DataError:
             rewards[i] = None  # no usable tests: no opinion
     results = run_many(jobs, workers=workers or cfg.workers, budget=budget if budget is not None else cfg.budget,
-                       test_timeout=cfg.test_timeout, limits=_limits(), **_settings(timeout, isolation))
+                       test_timeout=cfg.test_timeout, limits=_limits(), hide_paths=tuple(cfg.hide_paths),
+                       **_settings(timeout, isolation))
     for i, r in zip(where, results):
         rewards[i] = r.reward
     return rewards

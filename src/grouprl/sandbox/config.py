@@ -32,6 +32,8 @@ class SandboxConfig:
     """Address-space limit of the program's process, MiB."""
     nproc: int = 64
     """Process limit of the job's uid."""
+    hide_paths: list[str] = dataclasses.field(default_factory=list)
+    """Paths the program must not see under strict (e.g. the directory holding the expected outputs)."""
 
 
 _CURRENT = SandboxConfig()

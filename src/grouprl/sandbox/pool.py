@@ -48,6 +48,7 @@ def run_many(
     isolation: str = "auto",
     test_timeout: float | None = None,
     limits: Limits | None = None,
+    hide_paths: tuple[str, ...] | list[str] = (),
 ) -> list[SandboxResult]:
     """Results in the order of ``jobs``. ``timeout`` bounds each job, ``budget`` (seconds) the whole batch:
     a job that cannot start with at least 0.5 s of the budget left is reported as a timeout, not run."""
@@ -63,7 +64,7 @@ def run_many(
             return SandboxResult.not_run("timeout", "the batch's overall time budget ran out before this job",
                                          suite_size(suite))
         return run_tests(job.code, suite, timeout=min(timeout, left), isolation=isolation,
-                         test_timeout=test_timeout, limits=limits)
+                         test_timeout=test_timeout, limits=limits, hide_paths=hide_paths)
 
     with ThreadPoolExecutor(max_workers=workers or default_workers()) as pool:
         return list(pool.map(one, jobs))

@@ -73,16 +73,26 @@ def scripts() -> tuple[str, str]:
     return _inline("_judge.py"), _inline("_server.py")
 
 
-def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpfs_mb: int = 64) -> list[str]:
-    """bubblewrap command line: new net/pid/ipc/uts namespaces, read-only /, private tmpfs at /tmp."""
+def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpfs_mb: int = 64,
+               hide: tuple[str, ...] = ()) -> list[str]:
+    """bubblewrap command line: new net/pid/ipc/uts namespaces, read-only /, private tmpfs at /tmp.
+
+    ``masked`` directories (not traversable by other users, e.g. /root holding a pyenv interpreter) and
+    ``hide`` paths (e.g. where the evaluation data lives) are replaced by empty tmpfs mounts (a hidden
+    file by /dev/null); the interpreter's own directories under them are bind-mounted back read-only.
+    """
     from grouprl.sandbox.capabilities import python_paths
 
     argv = [bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
-    for top in masked:  # e.g. /root (0700) holding a pyenv interpreter: hide it, re-expose the interpreter
+    tops = sorted({os.path.abspath(p) for p in (*masked, *hide) if os.path.exists(p)}, key=len)
+    for top in tops:
+        if not os.path.isdir(top):
+            argv += ["--ro-bind", "/dev/null", top]
+            continue
         argv += ["--perms", "0755", "--tmpfs", top]
         for p in python_paths():
-            if p.startswith(top + "/"):
+            if p == top or p.startswith(top + "/"):
                 parts = Path(p).relative_to(top).parts
                 for i in range(1, len(parts)):
                     argv += ["--perms", "0755", "--dir", str(Path(top, *parts[:i]))]
@@ -166,11 +176,14 @@ def run_tests(
     entry_point: str | None = None,
     test_timeout: float | None = None,
     limits: Limits | None = None,
+    hide_paths: tuple[str, ...] | list[str] = (),
 ) -> SandboxResult:
     """Run ``code`` against ``tests`` in a fresh sandbox; ``timeout`` is the job's wall-clock budget.
 
     ``tests`` is any form :func:`grouprl.sandbox.suite.normalize_tests` accepts. ``test_timeout``
-    (default: ``timeout``) bounds each test. Raises SandboxUnavailable when ``isolation`` cannot be had.
+    (default: ``timeout``) bounds each test. ``hide_paths`` (strict only) are made invisible to the
+    program, e.g. the directory holding the expected outputs. Raises SandboxUnavailable when
+    ``isolation`` cannot be had.
     """
     from grouprl.sandbox.capabilities import detect, resolve_isolation
 
@@ -186,7 +199,8 @@ def run_tests(
     t0 = time.monotonic()
     with uid_lease() as uid, contextlib.ExitStack() as stack:
         if level == "strict":
-            argv, cwd, workdir = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb), "/", INSIDE_WORKDIR
+            argv, cwd, workdir = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb,
+                                                tuple(hide_paths)), "/", INSIDE_WORKDIR
             pid_ns = True
         else:
             workdir = cwd = tempfile.mkdtemp(prefix="grouprl-sandbox-")
