@@ -215,3 +215,18 @@ def test_hidden_paths_keep_answer_files_out_of_reach(no_leftovers):
         import shutil
 
         shutil.rmtree(d)
+
+
+def test_hostile_jobs_do_not_disturb_honest_ones_running_beside_them(level, no_leftovers):
+    """Each job has its own uid (NPROC, kill(-1) and clean-up stay inside it) and its own namespaces."""
+    from grouprl.sandbox import CodeJob, run_many
+
+    honest = CodeJob("def f():\n    return 1\n", ["assert f() == 1"])
+    hostile = [
+        "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",  # fork bomb
+        "import os, signal\nos.kill(-1, signal.SIGKILL)\ndef f():\n    return 0\n",  # kill everything it may
+        "x = [bytearray(1 << 26) for _ in range(64)]\n",  # memory bomb
+    ]
+    jobs = [job for code in hostile for job in (CodeJob(code, ["assert f() == 1"]), honest)]
+    results = run_many(jobs, workers=3, timeout=4.0, isolation=level)
+    assert [r.reward for r in results] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
