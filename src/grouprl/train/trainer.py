@@ -39,8 +39,13 @@ class GRPOTrainer:
                               f"`from grouprl import GRPOConfig`.")
         cfg.validate()
         cfg.check_names()  # registry names and kwargs: fail before any model loads
+        source = model if model is not None else cfg.model
+        if source is None:
+            raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
+        from grouprl.train.model import apply_peft, load_model, pick_device
         from grouprl.train.score import resolve_reward_funcs
 
+        self.device = pick_device(cfg.device)
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                                  cfg.reward_kwargs)
         if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
@@ -52,23 +57,7 @@ class GRPOTrainer:
         if self.eval_dataset is not None and eval_reward_func is None:
             self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
 
-        from grouprl.train.model import apply_peft, load_model, load_tokenizer, pick_device
-
-        source = model if model is not None else cfg.model
-        if source is None:
-            raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
-        self.device = pick_device(cfg.device)
-        if processing_class is None:
-            if not isinstance(source, str):
-                source_path = getattr(getattr(source, "config", None), "_name_or_path", None)
-                if not source_path:
-                    raise ConfigError("a loaded model was given without processing_class=tokenizer.")
-                processing_class = load_tokenizer(source_path)
-            else:
-                from grouprl.train.model import resolve_model_path
-
-                processing_class = load_tokenizer(resolve_model_path(source))
-        self.processing_class = self.tokenizer = load_tokenizer(None, processing_class)
+        self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
         import transformers
 
         transformers.set_seed(cfg.seed)
@@ -129,6 +118,20 @@ class GRPOTrainer:
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
         backend = make_backend(cfg.rollout_backend, self.model, self.tokenizer)
         return evaluate(backend, self.tokenizer, rows, self.eval_reward_func, **params)
+
+
+def _tokenizer_for(source: Any, processing_class: Any):
+    """The given tokenizer, or the one saved with the model (hub id, path, builtin name or loaded model)."""
+    from grouprl.train.model import load_tokenizer, resolve_model_path
+
+    if processing_class is not None:
+        return load_tokenizer(None, processing_class)
+    if isinstance(source, str):
+        return load_tokenizer(resolve_model_path(source))
+    path = getattr(getattr(source, "config", None), "_name_or_path", None)
+    if not path:
+        raise ConfigError("a loaded model was given without processing_class=tokenizer: pass the tokenizer.")
+    return load_tokenizer(path)
 
 
 def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
