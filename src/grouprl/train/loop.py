@@ -137,25 +137,17 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
         timers = Timers()
+        steps_per_pass, ga = steps_per_round // cfg.num_iterations, cfg.gradient_accumulation_steps
         while step < total_steps:
-            if rnd is None or round_step >= steps_per_round:
+            if rnd is None or round_step >= steps_per_round:  # a new generation round
                 ctx.step = step
                 rnd, round_step = generate_round(ctx, stream, timers), 0
-            chunk = round_step % (steps_per_round // cfg.num_iterations)
-            ga = cfg.gradient_accumulation_steps
-            update = optimizer_step(ctx, rnd.micro_batches[chunk * ga:(chunk + 1) * ga], spec, optimizer,
-                                    scheduler, timers)
+            k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round
+            update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
             backend.sync_weights(model)  # engines with their own weight copy (vLLM) need the update
             step, round_step = step + 1, round_step + 1
-            metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
-            # prompt + completion tokens this step trained on, per second of the whole step (generation included)
-            metrics["tokens_per_s"] = metrics.pop("seq_tokens") / max(metrics["time/step"], 1e-9)
-            if step % cfg.logging_steps == 0 or step == total_steps:
-                logger.log(step, metrics)
-                history.append({k: metrics.get(k) for k in ("reward", "loss/policy", "kl", "entropy")} | {"step": step})
-            logger.advance(step, metrics)
-            if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
-                logger.log_samples(step, rnd.samples)
+            _report(cfg, logger, step, total_steps, {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch},
+                    rnd, history)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
             if _should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps):
@@ -163,6 +155,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                          "round_step": round_step, "history": history, "evals": evals}
                 ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
                                      total_limit=cfg.save_total_limit)
+            timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
         run_eval("after", step)
     finally:
         logger.close()
@@ -185,6 +178,19 @@ class RunContext:
     rows: Any
     step: int = 0
     total_steps: int = 0
+
+
+def _report(cfg: GRPOConfig, logger: MetricsLogger, step: int, total_steps: int, metrics: dict[str, Any],
+            rnd: Round, history: list[dict]) -> None:
+    """Log one optimizer step: metrics.jsonl / TensorBoard / W&B, progress bar, samples.jsonl."""
+    # prompt + completion tokens this step trained on, per second of the whole step (generation included)
+    metrics["tokens_per_s"] = metrics.pop("seq_tokens") / max(metrics["time/step"], 1e-9)
+    if step % cfg.logging_steps == 0 or step == total_steps:
+        logger.log(step, metrics)
+        history.append({"step": step, **{k: metrics.get(k) for k in ("reward", "loss/policy", "kl", "entropy")}})
+    logger.advance(step, metrics)
+    if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
+        logger.log_samples(step, rnd.samples)
 
 
 def _should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:

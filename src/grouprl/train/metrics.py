@@ -31,6 +31,10 @@ class Timers:
         finally:
             self.totals[name] += time.perf_counter() - t0
 
+    def restart(self) -> None:
+        """Start the wall clock of the next step now (time since the last pop is not counted)."""
+        self.started = time.perf_counter()
+
     def pop(self) -> dict[str, float]:
         now = time.perf_counter()
         wall = now - self.started
