@@ -1,0 +1,318 @@
+"""Built-in tasks with verifiable answers: deterministic train / held-out splits as ``datasets.Dataset``.
+
+Each task is a generator plus a reward recipe (the reward names a recipe should train and evaluate with):
+
+| task          | prompt (a plain string)                                   | answer  | reward recipe            |
+| ------------- | --------------------------------------------------------- | ------- | ------------------------ |
+| ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
+| ``countdown`` | reach a target with + - * from given numbers               | target  | ``grouprl.data.tasks:countdown_reward`` |
+
+Demonstrations (for the bundled SFT warm start, :mod:`grouprl.warmstart`) use the format
+``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
+``accuracy`` reward reads (or ``Answer: 16`` alone, without the working).
+
+Splits are disjoint by construction: every problem has a key (its template and numbers); a SHA-256 of
+the key puts it in ``test`` (1 in ``TEST_BUCKETS``) or ``train``. Each split is drawn from its own seeded
+``random.Random`` and keeps only problems of its own bucket, so the same ``(task, split, seed, n)``
+always gives the same rows on any machine and the two splits never share a problem.
+
+``reasoning-gym`` (https://github.com/open-thought/reasoning-gym) works offline and has a countdown
+task, but its problems (4-6 numbers up to 100, long instructions) are far beyond a CPU-sized model and it
+brings ~15 packages; our own generators are small and tunable, so we use them.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from grouprl.errors import DataError, UnknownNameError
+
+TEST_BUCKETS = 10  # one problem key in TEST_BUCKETS goes to the held-out split
+DEFAULT_SIZES = {"train": 5000, "test": 200}
+SPLIT_SEEDS = {"train": 1, "test": 2}
+
+_NAMES = ["Ana", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jon", "Kim", "Leo", "Mia", "Noa"]
+_ITEMS = ["apples", "pens", "coins", "books", "cards", "eggs", "shells", "stamps", "marbles", "cookies"]
+
+# One-step problems: (op, template); {a} and {b} are the operands in the order the working uses them.
+_TEMPLATES: list[tuple[str, str]] = [
+    ("+", "{n} has {a} {i}. {n} gets {b} more {i}. How many {i} does {n} have now?"),
+    ("+", "There are {a} {i} in a box and {b} {i} on the table. How many {i} are there in all?"),
+    ("-", "{n} had {a} {i} and gave away {b}. How many {i} are left?"),
+    ("-", "A jar holds {a} {i}. {n} takes out {b}. How many {i} stay in the jar?"),
+    ("*", "{n} buys {a} bags with {b} {i} in each bag. How many {i} does {n} buy?"),
+    ("*", "There are {a} rows of {i} with {b} {i} in each row. How many {i} are there?"),
+]
+# Two-step problems: (op1, op2, template); the working is "a op1 b = s, s op2 c = result".
+_TEMPLATES2: list[tuple[str, str, str]] = [
+    ("+", "-", "{n} has {a} {i}, gets {b} more and then gives away {c}. How many {i} does {n} have now?"),
+    ("+", "+", "{n} has {a} {i}, finds {b} and then buys {c} more. How many {i} does {n} have now?"),
+    ("-", "-", "A jar holds {a} {i}. {n} takes out {b} and later {c} more. How many {i} stay in the jar?"),
+    ("*", "+", "{n} has {a} bags with {b} {i} in each bag and {c} loose {i}. How many {i} in all?"),
+    ("*", "-", "{n} buys {a} bags with {b} {i} in each bag and eats {c}. How many {i} are left?"),
+]
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+@dataclass(frozen=True)
+class Task:
+    """A built-in task: how to make one problem, and the reward recipe to train and evaluate it."""
+
+    name: str
+    make: Callable[..., dict[str, Any]]
+    """``make(rng, **task_kwargs) -> row`` with at least ``prompt``, ``answer`` and ``key``."""
+    reward_funcs: list[str]
+    """Reward names (or ``pkg.mod:fn`` plug-ins) a recipe should train on."""
+    eval_reward: str
+    """The reward whose mean is the held-out accuracy."""
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def _bucket_is_test(key: str) -> bool:
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % TEST_BUCKETS == 0
+
+
+# --------------------------------------------------------------------------- arithmetic word problems
+
+
+def make_arithmetic(
+    rng: random.Random, *, max_value: int = 20, max_factor: int = 9, num_steps: int = 2
+) -> dict[str, Any]:
+    """One word problem with ``num_steps`` (1 or 2) operations on numbers up to ``max_value``.
+
+    Products use factors ``2..max_factor``; results are never negative. The row keeps the worked
+    solution in ``work`` (e.g. ``"7*3=21, 21-5=16"``), used to write demonstrations.
+    """
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    if num_steps == 1:
+        t = rng.randrange(len(_TEMPLATES))
+        op, template = _TEMPLATES[t]
+        ops, values = [op], list(_operands(rng, op, max_value, max_factor))
+    elif num_steps == 2:
+        t = rng.randrange(len(_TEMPLATES2))
+        op1, op2, template = _TEMPLATES2[t]
+        while True:
+            a, b = _operands(rng, op1, max_value, max_factor)
+            c = rng.randint(1, max_value)
+            if op2 != "-" or c <= _apply(op1, a, b):
+                break
+        ops, values = [op1, op2], [a, b, c]
+    else:
+        raise DataError(f"arithmetic num_steps must be 1 or 2, got {num_steps!r}")
+    acc, steps = values[0], []
+    for op, v in zip(ops, values[1:]):
+        new = _apply(op, acc, v)
+        steps.append(f"{acc}{op}{v}={new}")
+        acc = new
+    prompt = template.format(n=name, a=values[0], b=values[1], c=values[-1], i=item)
+    return {
+        "prompt": prompt + "\n",
+        "answer": str(acc),
+        "key": f"{num_steps}|{t}|{'|'.join(map(str, values))}|{item}",
+        "work": ", ".join(steps),
+    }
+
+
+def _operands(rng: random.Random, op: str, max_value: int, max_factor: int) -> tuple[int, int]:
+    if op == "*":
+        return rng.randint(2, max_factor), rng.randint(2, max_factor)
+    a, b = rng.randint(1, max_value), rng.randint(1, max_value)
+    return (max(a, b), min(a, b)) if op == "-" else (a, b)
+
+
+# --------------------------------------------------------------------------- countdown
+
+
+def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int = 10) -> dict[str, Any]:
+    """Numbers ``1..max_number``; the target is the value of a random expression that uses all of them.
+
+    The target is kept in ``1..100`` (the generator redraws otherwise), so every problem has a solution;
+    the solution in ``work`` is one of possibly several that the reward accepts.
+    """
+    while True:
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        order = numbers[:]
+        rng.shuffle(order)
+        expr = str(order[0])
+        for n in order[1:]:
+            op = rng.choice("+-*")
+            # Bracket the running expression before "*" so the left-to-right construction is what is computed.
+            expr = f"({expr}){op}{n}" if op == "*" and not expr.isdigit() else f"{expr}{op}{n}"
+        target = _safe_eval(expr)
+        if target is not None and 1 <= target <= 100:
+            break
+    nums = ", ".join(str(n) for n in numbers)
+    prompt = f"Use {nums} to make {target} with + - * and each number once.\n"
+    return {
+        "prompt": prompt,
+        "answer": str(target),
+        "numbers": numbers,
+        "target": target,
+        "key": f"{sorted(numbers)}|{target}",
+        "work": expr,
+    }
+
+
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.USub)
+
+
+def _safe_eval(expr: str) -> int | None:
+    """Value of an integer expression with + - * and brackets; ``None`` for anything else."""
+    if len(expr) > 200:
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            return None
+        if isinstance(node, ast.Constant) and (type(node.value) is not int or node.value > 10**6):
+            return None
+    try:
+        value = eval(compile(tree, "<countdown>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (checked AST)
+    except (ArithmeticError, ValueError):
+        return None
+    return value if isinstance(value, int) else None
+
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def countdown_reward(completion: str, *, numbers=None, target=None, answer=None, **meta) -> float | None:
+    """1.0 if the expression in ``<answer>...</answer>`` uses each given number at most once and equals the target.
+
+    >>> countdown_reward("<answer>(2+3)*4</answer>", numbers=[2, 3, 4], target=20)
+    1.0
+    >>> countdown_reward("<answer>20</answer>", numbers=[2, 3, 4], target=20)   # just the target: a hack
+    0.0
+    >>> countdown_reward("<answer>4*4+4</answer>", numbers=[2, 3, 4], target=20)  # a number used twice
+    0.0
+
+    Returns ``None`` (no opinion) when the row has no ``numbers`` or ``target``.
+    """
+    if isinstance(completion, list):  # chat format: score the last message
+        completion = completion[-1]["content"] if completion else ""
+    if numbers is None or (target is None and answer is None):
+        return None
+    goal = int(target if target is not None else answer)
+    found = _ANSWER_RE.findall(completion)
+    if not found:
+        return 0.0
+    expr = found[-1].strip()
+    used = [int(tok) for tok in re.findall(r"\d+", expr)]
+    if not used or Counter(used) - Counter(int(n) for n in numbers):
+        return 0.0
+    return 1.0 if _safe_eval(expr) == goal else 0.0
+
+
+# --------------------------------------------------------------------------- registry and loading
+
+TASKS: dict[str, Task] = {
+    "arithmetic": Task("arithmetic", make_arithmetic, ["accuracy"], "accuracy"),
+    "countdown": Task(
+        "countdown", make_countdown, ["grouprl.data.tasks:countdown_reward"], "grouprl.data.tasks:countdown_reward"
+    ),
+}
+
+
+def get_task(name: str) -> Task:
+    """The :class:`Task` called ``name``, or an error that lists the known ones."""
+    if name not in TASKS:
+        from grouprl.errors import did_you_mean
+
+        raise UnknownNameError(
+            f"unknown built-in task {name!r}. Known: {', '.join(sorted(TASKS))}.{did_you_mean(name, TASKS)}"
+        )
+    return TASKS[name]
+
+
+def generate_rows(task: str, split: str, n: int | None = None, seed: int = 0, **task_kwargs) -> list[dict]:
+    """``n`` distinct problems of ``task`` for ``split`` (``"train"`` or ``"test"``), deterministic in ``seed``.
+
+    Rows keep the internal ``key`` and ``work`` fields (used by the SFT warm start); :func:`load_task`
+    drops them.
+    """
+    spec = get_task(task)
+    if split not in SPLIT_SEEDS:
+        raise DataError(f"split must be 'train' or 'test', got {split!r}")
+    n = DEFAULT_SIZES[split] if n is None else int(n)
+    if n < 1:
+        raise DataError(f"n must be a positive number of rows, got {n}")
+    rng = random.Random(f"{task}|{split}|{seed}|{SPLIT_SEEDS[split]}")
+    want_test = split == "test"
+    rows: list[dict] = []
+    seen: set[str] = set()
+    tries = 0
+    while len(rows) < n:
+        tries += 1
+        if tries > 50 * n + 10000:
+            raise DataError(
+                f"task {task!r} with {task_kwargs} has fewer than {n} distinct {split} problems; "
+                f"ask for fewer rows (n) or widen the task's ranges"
+            )
+        row = spec.make(rng, **{**spec.defaults, **task_kwargs})
+        key = row["key"]
+        if key in seen or _bucket_is_test(key) != want_test:
+            continue
+        seen.add(key)
+        rows.append(row)
+    return rows
+
+
+def load_task(task: str, split: str, n: int | None = None, seed: int = 0, **task_kwargs):
+    """The built-in ``task`` as a ``datasets.Dataset`` with ``prompt`` and ``answer`` columns (+ task columns).
+
+    ``split`` is ``"train"`` (default 5,000 rows) or ``"test"`` (default 200 rows, held out).
+    ``task_kwargs`` go to the generator (e.g. ``max_value=99`` for arithmetic, ``num_numbers=3`` for
+    countdown). Same arguments, same rows, on any machine.
+    """
+    import datasets
+
+    rows = generate_rows(task, split, n=n, seed=seed, **task_kwargs)
+    public = [{k: v for k, v in row.items() if k not in ("key", "work")} for row in rows]
+    return datasets.Dataset.from_list(public)
+
+
+def demonstration(task: str, row: dict, *, wrong_answer: str | None = None, show_work: bool = True) -> str:
+    """The completion a demonstrator writes for ``row``: ``<think>WORK</think>Answer: RESULT``.
+
+    ``wrong_answer`` replaces the result (both at the end of the working and in the answer) to build
+    noisy demos; ``show_work=False`` gives the answer alone, ``Answer: RESULT``. For countdown the
+    working is the expression with its value and the answer is the expression in ``<answer>`` tags
+    (what :func:`countdown_reward` reads).
+    """
+    get_task(task)
+    if task == "countdown":
+        expr = row["work"] if wrong_answer is None else wrong_answer
+        return f"<think>{expr}={row['answer']}</think><answer>{expr}</answer>" if show_work else f"<answer>{expr}</answer>"
+    if wrong_answer is None:
+        work, result = row["work"], row["answer"]
+    else:  # the demonstrator slips at the last step: its working ends in the wrong result
+        work, result = row["work"].rsplit("=", 1)[0] + "=" + wrong_answer, wrong_answer
+    return f"<think>{work}</think>Answer: {result}" if show_work else f"Answer: {result}"
+
+
+def plausible_wrong_answer(row: dict, rng: random.Random) -> str:
+    """A wrong result a careless solver might write: off by one, off by ten, or two digits swapped."""
+    value = int(row["answer"])
+    candidates = {value + 1, value - 1, value + 10, value - 10, int(str(value)[::-1])}
+    candidates = sorted(c for c in candidates if c >= 0 and c != value)
+    return str(rng.choice(candidates))
+
+
+def corpus(task: str, n: int = 2000) -> list[str]:
+    """Texts (prompts + demonstrations) to train a tokenizer on for ``task``."""
+    rows = generate_rows(task, "train", n=n, seed=12345)
+    return [row["prompt"] + demonstration(task, row) for row in rows]
