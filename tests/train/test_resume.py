@@ -49,6 +49,8 @@ def test_resume_matches_uninterrupted_run(tiny_model_dir, train_rows, fast_confi
     # 2 steps per round: the first is on-policy (ratio 1), the second uses the stored old log-probs
     assert all(r["time/old_logp_forward"] > 0 for r in reference[::2])
     assert reference[0]["policy/ratio_max"] == pytest.approx(1.0, abs=1e-5)
+    # 1 warm-up step then cosine over 3: lr_t = 1e-3 * 0.5 * (1 + cos(pi * (t - 1) / 3)) -> 1, 0.75, 0.25
+    assert [r["lr"] for r in reference] == pytest.approx([0.0, 1e-3, 0.75e-3, 0.25e-3])
     assert reference[0]["lr"] == 0.0  # warm-up starts at 0, so step 2 still sees ratio 1
     assert reference[3]["policy/ratio_max"] > 1.0 + 1e-4  # step 3 moved the policy before step 4
     final_full = {k: v.clone() for k, v in t_full.model.state_dict().items()}

@@ -164,3 +164,24 @@ def test_dropped_groups_can_leave_empty_micro_batches(tiny_model_dir, fast_confi
     records = train_records(cfg.output_dir)
     assert [r["dynamic/kept_groups"] for r in records] == [1.0, 1.0]  # mu = 2: one round, two passes
     assert all(0 < r["num_tokens"] <= 4 * 6 and r["grad_norm"] > 0 for r in records)
+
+
+@pytest.mark.parametrize(("kind", "expected"), [
+    ("linear", [0.0, 1.0, 2 / 3, 1 / 3]),  # warm-up 1 step (0.25 x 4), then linear decay to 0 at step 4
+    ("cosine", [0.0, 1.0, 0.75, 0.25]),  # 0.5 (1 + cos(pi k / 3)), k = 0, 1, 2
+    ("constant", [0.0, 1.0, 1.0, 1.0]),
+])
+def test_warmup_then_schedule(kind, expected):
+    from grouprl.train.model import build_optimizer
+
+    cfg = GRPOConfig(learning_rate=1.0, warmup_ratio=0.25, lr_scheduler_type=kind, num_generations=2,
+                     per_device_train_batch_size=2, weight_decay=0.1, adam_beta2=0.95)
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = build_optimizer(model, cfg, total_steps=4)
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["betas"] == (0.9, 0.95)
+    lrs = []
+    for _ in range(4):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx(expected)
