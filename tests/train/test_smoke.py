@@ -205,3 +205,18 @@ def test_builtin_model_and_task_names_are_resolved_lazily(tiny_model_dir, fast_c
     assert result["evals"]["after"]["num_prompts"] == 2
     rec = train_records(cfg.output_dir)[0]
     assert "rewards/accuracy/mean" in rec and "rewards/format/mean" in rec
+
+
+@pytest.mark.parametrize("use_peft", [False, True])
+def test_gradient_checkpointing_gives_the_same_update(tiny_model_dir, train_rows, fast_config, tmp_path, use_peft):
+    after = []
+    for gc in (False, True):
+        cfg = fast_config(output_dir=str(tmp_path / f"gc{gc}"), gradient_checkpointing=gc, use_peft=use_peft,
+                          max_steps=1, lora_r=4)
+        trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows,
+                              reward_funcs=char_reward)
+        trainer.train()
+        after.append({k: v.detach().clone() for k, v in trainer.model.named_parameters() if v.requires_grad})
+    assert after[0].keys() == after[1].keys()
+    for k in after[0]:
+        torch.testing.assert_close(after[1][k], after[0][k], rtol=1e-4, atol=1e-6)
