@@ -93,6 +93,15 @@ def plan_steps(cfg: GRPOConfig, num_rows: int) -> tuple[int, int, int]:
     return max(1, math.ceil(cfg.num_train_epochs * rounds_per_epoch)) * per_round, per_round, rounds_per_epoch
 
 
+def enable_checkpointing(model: Any) -> None:
+    """Recompute activations in backward; non-reentrant, so frozen inputs (LoRA) need no extra hooks."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def advantage_function(cfg: GRPOConfig):
     """The registered estimator with the config's scaling, if it takes one, plus advantage_kwargs."""
     fn = ADVANTAGES.get(cfg.advantage)
@@ -117,8 +126,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
-    if cfg.gradient_checkpointing:  # non-reentrant: works with frozen inputs (LoRA) without extra hooks
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model)
     model.train()
 
     step, rnd, round_step, history, evals = 0, None, 0, [], {}
