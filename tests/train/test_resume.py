@@ -120,3 +120,20 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_model_dir, train_rows, 
     trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
     with pytest.raises(ConfigError, match="holds no checkpoint"):
         trainer.train(resume_from_checkpoint=True)
+
+
+def test_lora_resume_restores_the_adapter(tiny_model_dir, train_rows, fast_config, tmp_path):
+    def run(out, **kw):
+        cfg = fast_config(output_dir=str(out), max_steps=3, use_peft=True, lora_r=4, kl_coef=0.05,
+                          save_strategy="steps", save_steps=1, learning_rate=5e-3, **kw)
+        trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows,
+                              reward_funcs=char_reward)
+        trainer.train()
+        return trainer, train_records(out)
+
+    full, full_records = run(tmp_path / "full")
+    resumed, resumed_records = run(tmp_path / "res", resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-1"))
+    _assert_same(full_records, resumed_records, [2, 3])
+    assert [r["step"] for r in resumed_records] == [2, 3]
+    for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
