@@ -208,3 +208,33 @@ def test_inside_trl_grpo_trainer_reward_computation():
 )
 def test_verl_compute_score(data_source, solution, truth, extra, expected):
     assert compute_score(data_source, solution, truth, extra) == pytest.approx(expected)
+
+
+def test_batch_capable_rewards_are_called_once_with_column_lists():
+    # A reward exposing ``fn.batch`` (like the sandboxed code reward) gets the whole batch in one call:
+    # per-sample columns as lists (answer aliases resolved), fixed options as scalars.
+    calls = []
+
+    def per_sample(completion, *, answer=None, **meta):
+        raise AssertionError("the batch path must be used")
+
+    def batch(completions, **cols):
+        calls.append(cols)
+        return [float(c == a) for c, a in zip(completions, cols["answer"])]
+
+    per_sample.batch = batch
+    f = make_reward_func(per_sample, timeout=3.0)
+    out = f(["4", [{"role": "assistant", "content": "5"}]], prompts=["p1", "p2"], ground_truth=["4", "4"], tests=[1, 2])
+    assert out == [1.0, 0.0]
+    assert len(calls) == 1
+    assert calls[0]["answer"] == ["4", "4"] and calls[0]["tests"] == [1, 2] and calls[0]["prompt"] == ["p1", "p2"]
+    assert calls[0]["timeout"] == 3.0
+
+
+def test_batch_reward_returning_wrong_length_is_a_clear_error():
+    def per_sample(completion, **meta):
+        return 1.0
+
+    per_sample.batch = lambda completions, **cols: [1.0]
+    with pytest.raises(RewardError, match="returned 1 scores for 2"):
+        make_reward_func(per_sample)(["a", "b"])

@@ -110,6 +110,8 @@ class RewardFunc:
         if self._takes_progress and progress is not None and "progress" not in self.kwargs:
             columns["progress"] = progress
         n = len(completions)
+        if getattr(self.fn, "batch", None) is not None:
+            return self._call_batch(completions, prompts, columns)
         out: list[float | None] = []
         for i, completion in enumerate(completions):
             kw = self._sample_kwargs(i, n, prompts, columns)
@@ -123,6 +125,25 @@ class RewardFunc:
                 ) from e
             out.append(None if score is None else float(score))
         return out
+
+
+    def _call_batch(self, completions, prompts, columns: dict[str, Any]) -> list[float | None]:
+        """Score the whole batch in one call of ``fn.batch`` (e.g. the code reward's parallel sandbox pool).
+
+        Per-sample values go as lists, one entry per completion; the fixed options stay scalars."""
+        n = len(completions)
+        rows = [self._sample_kwargs(i, n, prompts, columns) for i in range(n)]
+        keys = {k for row in rows for k in row if k not in self.kwargs}
+        per_sample = {k: [row.get(k) for row in rows] for k in keys}
+        try:
+            scores = self.fn.batch([completion_text(c) for c in completions], **per_sample, **self.kwargs)
+        except GroupRLError:
+            raise
+        except Exception as e:
+            raise RewardError(f"reward {self.__name__!r} raised on a batch of {n}: {type(e).__name__}: {e}") from e
+        if len(scores) != n:
+            raise RewardError(f"reward {self.__name__!r}: batch returned {len(scores)} scores for {n} completions")
+        return [None if s is None else float(s) for s in scores]
 
 
 def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc:
