@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import psutil
 import pytest
 
 from grouprl.sandbox.runner import LEASED_UIDS
 
 
-def sandbox_pids(uids: set[int]) -> list[int]:
-    """Processes of this test's sandboxes: under one of ``uids``, or descendants of this process."""
-    out = [c.pid for c in psutil.Process().children(recursive=True)]
+def _children() -> set[tuple[int, float]]:
+    """(pid, start time) of every descendant of this process (the pair survives pid reuse)."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.add((child.pid, child.create_time()))
+    return out
+
+
+def sandbox_pids(uids: set[int], existing: set[tuple[int, float]] = frozenset()) -> list[int]:
+    """Processes of this test's sandboxes: under one of ``uids``, or descendants of this process that
+    were not already running in ``existing`` (long-lived helpers such as the math reward's worker)."""
+    out = sorted(pid for pid, started in _children() - set(existing))
     for p in psutil.process_iter(["uids"]):
         ids = p.info["uids"]
         if ids is not None and {ids.real, ids.effective} & uids:
@@ -21,7 +33,7 @@ def sandbox_pids(uids: set[int]) -> list[int]:
 @pytest.fixture
 def no_leftovers():
     """Fails the test if a process of its sandboxes outlives the job (scans the whole process table)."""
-    before = len(LEASED_UIDS)
+    before, existing = len(LEASED_UIDS), _children()
     yield
-    left = sandbox_pids(set(list(LEASED_UIDS)[before:]))
+    left = sandbox_pids(set(list(LEASED_UIDS)[before:]), existing)
     assert left == [], f"processes left behind: {left}"
