@@ -116,12 +116,14 @@ def test_format_first_schedule():
 
 
 def test_code_task_goes_through_the_code_reward():
+    from grouprl.sandbox import detect
+
+    if not detect().strict:
+        pytest.skip("the code sandbox (strict isolation) is not available on this machine")
     completion = "```python\ndef add(a, b):\n    return a + b\n```"
     out = AgentRewardFunction(code_reward_config)(
         completion, ["assert add(1, 2) == 3", "assert add(2, 2) == 5"]
     )
-    if out["accuracy"] is None:
-        pytest.skip("the code sandbox is not available on this machine")
     assert out["accuracy"] == 0.5  # 1 of 2 tests pass
     # 0.5 * 0.5 + 0.10 * 0 (no think, no tool call) + 0.25 * 1 + 0.15 * 1
     assert out["total"] == pytest.approx(0.65)

@@ -3,7 +3,8 @@
 Each row: a hacked completion for the circle-area question (gold 78.54), the reward it targets, and
 the most that reward may give. The honest completion scores accuracy 1.0, robust 1.0, format 0.4 and
 composite 0.5 * 1 + 0.2 * 0.4 + 0.15 + 0.15 = 0.88 for comparison.
-Code hacks (sys.exit(0), always-equal objects) are tested with the sandbox.
+Code hacks (sys.exit(0), os._exit(0), always-equal objects, fake PASSED output) go through the
+``code`` reward at the end of this file; tests/sandbox/test_tamper.py tries more tricks on the sandbox.
 """
 
 from __future__ import annotations
@@ -78,3 +79,32 @@ def test_hack_scores_low(name, completion, reward, ceiling):
     assert score is not None
     assert score <= ceiling + 1e-9, f"{name}: {reward} gave {score}"
     assert score < REWARDS[reward](HONEST) or reward == "efficiency"
+
+
+# ---- code hacks, through the ``code`` reward (the sandbox decides each test outside the program) ----
+
+CODE_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4"]
+CODE_HACKS = [
+    ("sys.exit(0) at import", "```python\nimport sys\nsys.exit(0)\n```"),
+    ("os._exit(0) in the function", "```python\nimport os\ndef add(a, b):\n    os._exit(0)\n```"),
+    (
+        "always-equal object",
+        "```python\nclass Yes:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return Yes()\n```",
+    ),
+    ("always-equal int subclass", "```python\nclass Eq(int):\n    __eq__ = lambda s, o: True\n"
+     "def add(a, b):\n    return Eq(0)\n```"),
+    ("fake PASSED output", "```python\nprint('PASSED 2/2')\ndef add(a, b):\n    print('PASSED')\n```"),
+]
+
+
+@pytest.mark.parametrize("name, completion", CODE_HACKS, ids=[h[0] for h in CODE_HACKS])
+def test_code_hacks_score_zero(name, completion):
+    from grouprl.rewards.code import code_reward
+    from grouprl.sandbox import detect
+
+    if not detect().strict:
+        pytest.skip("the code sandbox (strict isolation) is not available on this machine")
+    honest = "```python\ndef add(a, b):\n    return a + b\n```"
+    assert code_reward(honest, tests=CODE_TESTS, timeout=5.0) == 1.0
+    assert code_reward(completion, tests=CODE_TESTS, timeout=5.0) == 0.0, name

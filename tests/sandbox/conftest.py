@@ -31,6 +31,12 @@ def sandbox_pids(uids: set[int], existing: set[tuple[int, float]] = frozenset())
 
 
 @pytest.fixture
+def leftover_scan():
+    """The scan ``no_leftovers`` uses, as ``(snapshot_of_children, sandbox_pids)``, for testing the check."""
+    return _children, sandbox_pids
+
+
+@pytest.fixture
 def no_leftovers():
     """Fails the test if a process of its sandboxes outlives the job (scans the whole process table)."""
     before, existing = len(LEASED_UIDS), _children()

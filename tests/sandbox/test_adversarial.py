@@ -5,8 +5,11 @@ bounded run time (pytest-timeout)."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import textwrap
+import time
 
 import psutil
 import pytest
@@ -23,7 +26,6 @@ LEVELS = [
 @pytest.fixture(params=LEVELS)
 def level(request):
     return request.param
-
 
 
 def run(code: str, tests=("assert f() == 1",), **kw):
@@ -178,14 +180,31 @@ def test_detached_grandchild_does_not_outlive_the_job(level, no_leftovers):
 
 
 def test_rlimits_and_identity_inside(level, no_leftovers):
+    # Limits() defaults: core 0, 64 processes, 1024 MiB address space, 128 fds, 16 MiB files;
+    # CPU seconds = ceil(timeout) + 1 = ceil(3.0) + 1 = 4 (soft and hard alike)
     res = run(isolation=level, code="""
         import os, resource
         def f():
             return [os.getuid() != 0, resource.getrlimit(resource.RLIMIT_CORE)[1],
                     resource.getrlimit(resource.RLIMIT_NPROC)[1], resource.getrlimit(resource.RLIMIT_AS)[1] >> 20,
-                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_FSIZE)[1] >> 20]
-    """, tests=["assert f() == [True, 0, 64, 1024, 128, 16]"])
+                    resource.getrlimit(resource.RLIMIT_NOFILE)[1], resource.getrlimit(resource.RLIMIT_FSIZE)[1] >> 20,
+                    list(resource.getrlimit(resource.RLIMIT_CPU))]
+    """, tests=["assert f() == [True, 0, 64, 1024, 128, 16, [4, 4]]"])
     assert res.reward == 1.0, res.reason
+
+
+def test_private_workdir_is_removed_afterwards(level, no_leftovers):
+    # The program reports its working directory through a failing (input, expected) test's reason.
+    res = run_tests("import os\ndef f():\n    open('left.txt', 'w').write('x')\n    return os.getcwd()\n",
+                    [((), "?")], entry_point="f", timeout=5.0, isolation=level)
+    reason = res.tests[0].reason
+    assert reason.startswith("AssertionError: returned '") and reason.endswith("', expected '?'"), reason
+    workdir = reason.split("'")[1]
+    if level == "strict":
+        assert workdir == "/tmp"  # a tmpfs inside bubblewrap's mount namespace: it dies with the sandbox
+        assert not os.path.exists("/tmp/left.txt")
+    else:
+        assert os.path.basename(workdir).startswith("grouprl-sandbox-") and not os.path.exists(workdir)
 
 
 def test_test_code_and_program_can_import_the_stdlib(level, no_leftovers):
@@ -230,3 +249,31 @@ def test_hostile_jobs_do_not_disturb_honest_ones_running_beside_them(level, no_l
     jobs = [job for code in hostile for job in (CodeJob(code, ["assert f() == 1"]), honest)]
     results = run_many(jobs, workers=3, timeout=4.0, isolation=level)
     assert [r.reward for r in results] == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+def test_the_leftover_check_sees_stray_processes(leftover_scan):
+    """Negative control for ``no_leftovers``: a process started during a test is reported, both as a
+    descendant of this process and, when detached under a job uid, through the uid scan."""
+    children, sandbox_pids = leftover_scan
+    existing = children()
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert sandbox_pids(set(), existing) == [child.pid]
+    finally:
+        child.kill()
+        child.wait()
+    assert sandbox_pids(set(), existing) == []
+    if os.geteuid() != 0:
+        return
+    uid = 1_800_000_000 - 7  # outside the lease range: no real job uses it
+    # sh backgrounds sleep and exits: the sleep is re-parented away from us, only its uid gives it away
+    subprocess.run(["sh", "-c", "sleep 30 >/dev/null 2>&1 &"], user=uid, group=uid, check=True)
+    deadline = time.monotonic() + 5
+    while not (stray := sandbox_pids({uid}, children())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert len(stray) == 1 and psutil.Process(stray[0]).uids().real == uid
+        assert stray[0] not in {pid for pid, _ in children()}
+    finally:
+        for pid in stray:
+            os.kill(pid, signal.SIGKILL)

@@ -8,14 +8,22 @@ import pytest
 
 from grouprl.sandbox import detect, run_tests
 
-requires_strict = pytest.mark.skipif(not detect().strict, reason="strict isolation (bubblewrap) not available")
-
-pytestmark = [pytest.mark.timeout(60), requires_strict]
+pytestmark = pytest.mark.timeout(60)
 WANT = ["assert f(2) == 4", "assert f(3) == 9"]
+# The verdict never depends on the isolation level: every trick is tried under both.
+LEVELS = [
+    pytest.param("strict", marks=pytest.mark.skipif(not detect().strict, reason="bubblewrap not available")),
+    pytest.param("basic", marks=pytest.mark.skipif(detect().basic_python is None, reason="basic not available")),
+]
 
 
-def score(code: str, tests=WANT):
-    return run_tests(textwrap.dedent(code), tests, timeout=5.0)
+@pytest.fixture(params=LEVELS)
+def level(request):
+    return request.param
+
+
+def score(code: str, level: str, tests=WANT):
+    return run_tests(textwrap.dedent(code), tests, timeout=5.0, isolation=level)
 
 
 @pytest.mark.parametrize(
@@ -27,12 +35,12 @@ def score(code: str, tests=WANT):
         ("import os\ndef f(x):\n    os._exit(0)\n", "exited with code 0"),
     ],
 )
-def test_exiting_is_never_a_pass(code, reason, no_leftovers):
-    res = score(code)
+def test_exiting_is_never_a_pass(code, reason, level, no_leftovers):
+    res = score(code, level)
     assert res.reward == 0.0 and reason in res.tests[0].reason
 
 
-def test_objects_whose_eq_is_always_true(no_leftovers):
+def test_objects_whose_eq_is_always_true(level, no_leftovers):
     res = score("""
         class Yes:
             def __eq__(self, other):
@@ -43,12 +51,12 @@ def test_objects_whose_eq_is_always_true(no_leftovers):
                 return True
         def f(x):
             return Yes() if x == 2 else YesInt(0)
-    """)
+    """, level)
     assert res.reward == 0.0
     assert all("only plain data" in t.reason for t in res.tests)
 
 
-def test_rebinding_builtins_and_assert_machinery(no_leftovers):
+def test_rebinding_builtins_and_assert_machinery(level, no_leftovers):
     res = score("""
         import builtins
         builtins.AssertionError = type("Nope", (Exception,), {})
@@ -56,18 +64,18 @@ def test_rebinding_builtins_and_assert_machinery(no_leftovers):
         builtins.sorted = lambda x: [1]
         def f(x):
             return -1
-    """, tests=["assert f(2) == 4", "assert sorted([f(1), 2]) == [1]", "assert abs(f(1)) == 0"])
+    """, level, tests=["assert f(2) == 4", "assert sorted([f(1), 2]) == [1]", "assert abs(f(1)) == 0"])
     assert res.reward == 0.0  # the judge's own builtins and AssertionError are untouched
     assert [t.status for t in res.tests] == ["failed", "failed", "failed"]
     assert [t.reason for t in res.tests] == ["AssertionError"] * 3
 
 
-def test_breaking_its_own_interpreter_is_an_error_not_a_pass(no_leftovers):
-    res = score("import builtins\nbuiltins.len = lambda x: 1\ndef f(x):\n    return x * x\n")
+def test_breaking_its_own_interpreter_is_an_error_not_a_pass(level, no_leftovers):
+    res = score("import builtins\nbuiltins.len = lambda x: 1\ndef f(x):\n    return x * x\n", level)
     assert res.reward == 0.0 and {t.status for t in res.tests} == {"error"}
 
 
-def test_printing_fake_records(no_leftovers):
+def test_printing_fake_records(level, no_leftovers):
     res = score("""
         import json, os, sys
         fake = [json.dumps({"i": i, "status": "passed", "nonce": ""}) for i in range(2)]
@@ -81,11 +89,11 @@ def test_printing_fake_records(no_leftovers):
         def f(x):
             print("PASSED")
             return 0
-    """)
+    """, level)
     assert res.reward == 0.0
 
 
-def test_the_judge_cannot_be_read_or_traced(no_leftovers):
+def test_the_judge_cannot_be_read_or_traced(level, no_leftovers):
     res = score("""
         import os
         def f(x):
@@ -98,11 +106,11 @@ def test_the_judge_cannot_be_read_or_traced(no_leftovers):
                 except OSError:
                     pass
             return opened
-    """, tests=["assert f(0) == 0"])
+    """, level, tests=["assert f(0) == 0"])
     assert res.reward == 1.0, res.reason  # every read was refused
 
 
-def test_the_program_never_sees_expected_values(no_leftovers):
+def test_the_program_never_sees_expected_values(level, no_leftovers):
     """A program that spies on every request its server receives still cannot find the expected value."""
     spy = textwrap.dedent("""
         import json, sys
@@ -112,6 +120,6 @@ def test_the_program_never_sees_expected_values(no_leftovers):
             needle = "zq-" + str(9173)
             return needle if any(needle in s for s in SEEN) else "not found: " + str(len(SEEN))
     """)
-    res = run_tests(spy, [((0,), "zq-9173")], entry_point="f", timeout=5.0)
+    res = run_tests(spy, [((0,), "zq-9173")], entry_point="f", timeout=5.0, isolation=level)
     assert res.reward == 0.0
     assert res.tests[0].reason == "AssertionError: returned 'not found: 2', expected 'zq-9173'"
