@@ -40,7 +40,9 @@ def accuracy_reward(
     answer=None,
     **meta,
 ) -> float | None:
-    """Task accuracy in [0, 1]; ``None`` when the ground truth is missing or unparseable.
+    """Task accuracy in [0, 1] by task_type (math, code, tool_call, exact); None if the truth is unusable.
+
+    ``None`` when the ground truth is missing or cannot be parsed (the sample is skipped, not scored 0).
 
     ``ground_truth`` and ``answer`` are the same thing (``answer`` is the registry's keyword); extra
     keywords go to the task's function (``strict=True`` for math, ``shaped=True`` for tool calls, ...).

@@ -175,8 +175,11 @@ def code_reward(
     isolation: str | None = None,
     **meta: Any,
 ) -> float | None:
-    """Fraction of tests the completion's code passes in the sandbox (k/n); None when the row has no
-    usable tests or the sandbox failed before the code ran."""
+    """Fraction k/n of the tests the completion's code passes in the sandbox (None: no usable tests).
+
+    ``None`` also when the sandbox failed before any of the model's code ran; timeouts, crashes and
+    wrong answers score their share of 0 (:func:`code_reward_details` tells them apart for logging).
+    """
     result = code_reward_details(completion, answer=answer, tests=tests, timeout=timeout,
                                  isolation=isolation, **meta)
     return result.reward

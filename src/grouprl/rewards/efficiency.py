@@ -76,7 +76,9 @@ def efficiency_reward(
     ngram_penalty: float = 0.3,
     **meta,
 ) -> float:
-    """Efficiency in [0, 1] (see the module docstring for each penalty).
+    """Efficiency in [0, 1]: 1 minus penalties for extra tool calls, overlong output and repetition.
+
+    See the module docstring for each penalty (seed 5.2, plus DAPO's soft overlong option).
 
     >>> efficiency_reward("<think>r = 5, so S = 25 pi = 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
     1.0

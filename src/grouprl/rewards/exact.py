@@ -25,7 +25,10 @@ def normalize_text(text: str, *, case_sensitive: bool = True) -> str:
 
 @REWARDS.register("exact")
 def exact_match_reward(completion: str, *, answer=None, case_sensitive: bool = True, **meta) -> float | None:
-    """1.0 when the final answer equals ``answer`` (or one of a list of answers) after normalisation.
+    """1.0 when the final answer equals the gold answer after normalisation; no substring credit.
+
+    ``answer`` may be a list of accepted answers; see :func:`normalize_text` for the normalisation
+    (case is folded only with ``case_sensitive=False``).
 
     >>> exact_match_reward("<think>capital of France</think> Paris.", answer="paris", case_sensitive=False)
     1.0

@@ -96,7 +96,9 @@ def format_reward(
     min_coherence: float = 0.5,
     **meta,
 ) -> float:
-    """Agent-format score in [0, 1] (the seed's +0.2 steps; see the module docstring).
+    """Agent-format score in [0, 1]: +0.2 per think/tool-call pair and their content, -0.2 if unpaired.
+
+    The seed's scoring with its loopholes closed; see the module docstring for each step.
 
     >>> format_reward("<think>The area is pi r^2 = 25 pi, about 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
     0.8

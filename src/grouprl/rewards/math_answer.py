@@ -284,7 +284,7 @@ def math_reward(
     time_limit: float = 5.0,
     **meta,
 ) -> float | None:
-    r"""Math accuracy in {0, 1}: the extracted final answer equals ``answer`` (math-verify + tolerance).
+    r"""Math accuracy in {0, 1}: the extracted final answer equals the gold answer (math-verify + relative tolerance).
 
     ``answer`` may be a string, a number, or a list of accepted answers. Returns ``None`` when there
     is no ground truth or it cannot be parsed (the sample is skipped, not scored 0).

@@ -36,7 +36,9 @@ def robust_reward(
     tokenizer=None,
     **meta,
 ) -> float | None:
-    """Accuracy scaled down by the seed's defences; ``None`` when accuracy has no opinion.
+    """Accuracy scaled down for incoherent reasoning, overlong output and tool-call floods (seed 5.4).
+
+    ``None`` when accuracy has no opinion; see the module docstring for each factor.
 
     >>> robust_reward("<think>qwpoe zmxn asdkj lkjh poiu mnbv zxcv qwer</think> \\\\boxed{4}", "4")
     0.5

@@ -173,7 +173,11 @@ def tool_call_reward(
     max_calls: int = 8,
     **meta,
 ) -> float | None:
-    """Tool-call accuracy in [0, 1] against the gold call(s) in ``answer`` (``None`` if unparseable).
+    """Tool-call accuracy in [0, 1]: 0.5 for the right name + 0.5 for exact arguments, per gold call.
+
+    ``answer`` holds the gold call(s) (``name(k=v)`` or JSON); ``None`` when it cannot be parsed.
+    ``shaped=True`` credits each argument key and value, ``schema`` validates the arguments, and more
+    than ``max_calls`` calls score 0.
 
     >>> tool_call_reward("<tool_call>search(q='GRPO', k=3)</tool_call>", answer="search(q='GRPO', k=5)")
     0.5
