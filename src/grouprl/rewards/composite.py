@@ -216,6 +216,13 @@ def composite_reward(
     ``config``: a RewardConfig or a template name: "default", "math", "code" or "retrieval".
     ``schedule``: a WeightSchedule, or "format_first" for ``format_first_schedule(config)``; it is
     applied at ``progress`` (the TRL adapter passes ``global_step / max_steps``).
+
+    Worked example: accuracy 1.0 (78.54 from the reasoning), format 0.8, efficiency 1.0, safety 1.0;
+    default weights 0.5 * 1 + 0.2 * 0.8 + 0.15 + 0.15 = 0.96, "math" weights 0.6 + 0.15 * 0.8 + 0.15 + 0.1:
+
+    >>> c = "<think>The area is pi r^2 = 25 pi, about 78.54</think><tool_call>calc(x='25*pi')</tool_call>"
+    >>> round(composite_reward(c, answer="78.54"), 6), round(composite_reward(c, answer="78.54", config="math"), 6)
+    (0.96, 0.97)
     """
     if isinstance(config, str):
         if config not in TEMPLATES:
