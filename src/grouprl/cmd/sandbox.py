@@ -24,12 +24,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _trial(level: str) -> str:
+    """Run f(x) = 2x against one right and one deliberately wrong test: expect exactly 1 of 2 to pass."""
     from grouprl.sandbox import run_tests
 
     res = run_tests("def f(x):\n    return 2 * x\n", ["assert f(2) == 4", "assert f(3) == 7"],
                     timeout=10, isolation=level)
-    ok = res.status == "ok" and [t.status for t in res.tests] == ["passed", "failed"]
-    return f"{'ok' if ok else 'FAILED'} ({res.seconds * 1000:.0f} ms; {res.reason or res.status})"
+    if res.status == "ok" and [t.status for t in res.tests] == ["passed", "failed"]:
+        return f"ok ({res.seconds * 1000:.0f} ms; the right test passed, the deliberately wrong one failed)"
+    return f"FAILED ({res.seconds * 1000:.0f} ms; {res.status}: {res.reason})"
 
 
 def check(args: argparse.Namespace) -> int:
