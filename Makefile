@@ -24,7 +24,7 @@ sandbox-deps:
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) || \
-	    echo "note: could not install bubblewrap; the sandbox falls back to unshare"; \
+	    echo "note: could not install bubblewrap; strict sandbox isolation is unavailable (see grouprl sandbox check)"; \
 	  else echo "note: bubblewrap not found; run 'grouprl sandbox check' for how to install it"; fi; }
 
 run: setup
