@@ -56,3 +56,28 @@ def test_min_new_tokens_forces_the_length(tiny_model_dir):
     backend = make_backend("transformers", AutoModelForCausalLM.from_pretrained(tiny_model_dir), tok)
     out = backend.generate(["hi"], 4, SamplingParams(max_new_tokens=5, min_new_tokens=5))
     assert out.completion_mask.sum(dim=1).tolist() == [5, 5, 5, 5]
+
+
+def test_sampling_uses_the_full_softmax_the_loss_uses(tiny_model_dir):
+    """No hidden top-k (transformers' default is 50): sampled tokens' log-probs equal the trainer's."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grouprl.rollout.hf import generation_config
+    from grouprl.train.step import completion_logps
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    backend = make_backend("transformers", model, tok)
+    cfg = generation_config(SamplingParams(max_new_tokens=5, temperature=0.8), tok.pad_token_id, backend.eos_ids)
+    cfg.return_dict_in_generate, cfg.output_scores = True, True
+    ids, mask = backend.tokenize_prompts(["What is 1 + 1?", "2"], None)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+        scores = torch.stack(out.scores, dim=1)  # processed logits: logits / T, nothing filtered
+        assert torch.isfinite(scores).all()
+        completion = out.sequences[:, ids.shape[1]:]
+        cmask, _ = completion_mask_from_ids(completion, backend.eos_ids)
+        logp, _ = completion_logps(model, ids, mask, completion, cmask, temperature=0.8)
+    sampled = scores.log_softmax(-1).gather(-1, completion.unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(logp * cmask, sampled * cmask, rtol=1e-4, atol=1e-4)

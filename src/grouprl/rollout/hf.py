@@ -33,6 +33,28 @@ def completion_mask_from_ids(completion_ids: Any, eos_ids: list[int]):
     return mask, ~has_eos
 
 
+def generation_config(params: SamplingParams, pad_id: int, eos_ids: list[int]):
+    """A complete GenerationConfig: nothing is inherited from the model's or the library's defaults.
+
+    ``top_k`` is always given: left unset, transformers samples from the top 50 tokens only, and the
+    rollouts would no longer come from the softmax whose log-probs the loss uses (an off-policy bias).
+    """
+    from transformers import GenerationConfig
+
+    sample = params.temperature > 0
+    return GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        min_new_tokens=params.min_new_tokens or None,
+        do_sample=sample,
+        temperature=params.temperature if sample else None,
+        top_p=params.top_p if sample else None,
+        top_k=params.top_k if sample else None,  # 0 = no top-k filtering
+        pad_token_id=pad_id,
+        eos_token_id=eos_ids,
+        use_cache=True,
+    )
+
+
 class TransformersBackend:
     """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync)."""
 
@@ -59,24 +81,12 @@ class TransformersBackend:
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout:
         import torch
-        from transformers import GenerationConfig
 
         device = next(self.model.parameters()).device
         ids, mask = self.tokenize_prompts(prompts, params.max_prompt_length)
         ids = ids.repeat_interleave(n, dim=0).to(device)
         mask = mask.repeat_interleave(n, dim=0).to(device)
-        sample = params.temperature > 0
-        gen_cfg = GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            min_new_tokens=params.min_new_tokens or None,
-            do_sample=sample,
-            temperature=params.temperature if sample else None,
-            top_p=params.top_p if sample else None,
-            top_k=(params.top_k or None) if sample else None,
-            pad_token_id=self.tokenizer.pad_token_id,
-            eos_token_id=self.eos_ids,
-            use_cache=True,
-        )
+        gen_cfg = generation_config(params, self.tokenizer.pad_token_id, self.eos_ids)
         was_training = self.model.training
         self.model.eval()
         try:
