@@ -172,9 +172,10 @@ class GRPOConfig:
     temperature: float = 1.0
     """Sampling temperature for rollouts; log-probs are taken under the same temperature."""
     top_p: float = 1.0
-    """Nucleus sampling threshold."""
+    """Nucleus sampling threshold (< 1 truncates the rollout distribution; the loss still uses the full
+    softmax, as TRL does, so rollouts become slightly off-policy)."""
     top_k: int = 0
-    """Top-k sampling (0 = off)."""
+    """Top-k sampling (0 = off; the same caveat as top_p)."""
     rollout_backend: str = "transformers"
     """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
 
