@@ -238,3 +238,28 @@ def test_batch_reward_returning_wrong_length_is_a_clear_error():
     per_sample.batch = lambda completions, **cols: [1.0]
     with pytest.raises(RewardError, match="returned 1 scores for 2"):
         make_reward_func(per_sample)(["a", "b"])
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS.names()))
+def test_every_registered_reward_takes_trls_call_unchanged(name):
+    """Each registry entry, lifted by make_reward_func, accepts TRL's exact call with chat completions
+    and returns one float-or-None per completion (the code reward runs its sandbox only if available)."""
+    if name == "code":
+        from grouprl.sandbox import detect
+
+        if not detect().strict:
+            pytest.skip("the code sandbox (strict isolation) is not available on this machine")
+    completions = [
+        [{"role": "assistant", "content": HONEST}],
+        [{"role": "assistant", "content": "```python\ndef f():\n    return 1\n```"}],
+    ]
+    prompts = [[{"role": "user", "content": "q"}]] * 2
+    f = make_reward_func(name)
+    out = f(prompts=prompts, completions=completions,
+            **_trl_kwargs(2, answer=["78.54", "78.54"], tests=[["assert f() == 1"]] * 2))
+    assert f.__name__ == name and len(out) == 2
+    assert all(v is None or (isinstance(v, float) and 0.0 <= v <= 1.0) for v in out), out
+    if name in ("math", "accuracy", "robust"):
+        assert out[0] == 1.0
+    if name == "code":
+        assert out == [0.0, 1.0]  # prose has no code; f() == 1 passes its one test
