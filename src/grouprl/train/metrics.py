@@ -1,5 +1,22 @@
 """Where numbers go: metrics.jsonl (always), TensorBoard / W&B (``report_to``), a rich progress bar,
-samples.jsonl every N steps, and the timers that split a step into its phases."""
+samples.jsonl every N steps, and the timers that split a step into its phases.
+
+What the logged numbers mean (one record per optimizer step):
+
+- ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``:
+  the round's first sampled batch, before dynamic sampling.
+- ``advantage/*``, ``completions/*`` (lengths in tokens, ``truncated_frac`` = no EOS within max_new_tokens).
+- ``loss/policy``: the aggregated clipped surrogate of the whole optimizer step, exactly (micro-batch
+  losses are normalised by the step's totals, so their sum is the step's loss). On-policy the ratio is 1 and
+  the value is the advantage-weighted token average -- near 0 because advantages are centred per group: a
+  property of the objective, not a logging artefact. ``loss/kl`` (aggregated KL), ``loss/total``.
+- ``kl``: token-mean KL(pi_theta || pi_ref) estimate (null when kl_coef = 0: there is no reference);
+  ``entropy``: token-mean entropy of the sampling distribution; ``policy/*``: ratio min/mean/max, clip
+  fractions (low, high, region) and approx_kl to the rollout policy.
+- ``grad_norm`` (before clipping), ``lr``, ``num_tokens`` (loss tokens), ``tokens_per_s``.
+- ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
+  ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
+"""
 
 from __future__ import annotations
 
