@@ -263,3 +263,27 @@ def test_every_registered_reward_takes_trls_call_unchanged(name):
         assert out[0] == 1.0
     if name == "code":
         assert out == [0.0, 1.0]  # prose has no code; f() == 1 passes its one test
+
+
+def test_fixed_options_are_checked_against_what_the_reward_understands():
+    from grouprl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reward 'math' takes no option 'strcit'.*Did you mean 'strict'"):
+        make_reward_func("math", strcit=True)
+    with pytest.raises(ConfigError, match="Did you mean 'shaped'"):
+        make_reward_func("accuracy", task_type="tool_call", shapd=True)
+    with pytest.raises(ConfigError, match="Did you mean 'tolerance'"):
+        make_reward_func("composite", config="math", tolerence=0.1)
+    # options a reward hands on to the functions it calls are accepted
+    make_reward_func("accuracy", task_type="tool_call", shaped=True, schema={"type": "object"})
+    make_reward_func("robust", strict=True, max_words=500, tolerance=0.05)
+    make_reward_func("composite", config="math", schedule="format_first", strict=True)
+    make_reward_func("code", entry_point="f", workers=2, budget=30.0, timeout=5.0)
+    # user callables: named parameters only, unless they take **kwargs
+    with pytest.raises(ConfigError, match="reward '_exact_len' takes no option 'tolerance'"):
+        make_reward_func(_exact_len, tolerance=3)
+    make_reward_func(lambda completion, **kw: 1.0, anything=1)
+
+
+def _exact_len(completion, answer=None):
+    return float(len(completion) == int(answer))

@@ -81,3 +81,11 @@ def test_clean_file_exits_zero_and_unknown_reward_is_an_error(tmp_path, capsys):
     assert main(["reward", "score", "-r", "math", "--input", path]) == 0
     assert main(["reward", "score", "-r", "mathh", "--input", path]) == 2
     assert "unknown reward 'mathh'" in capsys.readouterr().err
+
+
+def test_a_mistyped_option_is_an_error_not_ignored(tmp_path, capsys):
+    path = _write(tmp_path, [json.dumps({"completion": "\\boxed{2}", "answer": "2"})])
+    assert main(["reward", "score", "-r", "math", "-o", "strcit=true", "--input", path]) == 2
+    assert "takes no option 'strcit' (in --option). Did you mean 'strict'?" in capsys.readouterr().err
+    assert main(["reward", "score", "-o", "tolerence=0.1", "--input", path]) == 2  # composite
+    assert "Did you mean 'tolerance'?" in capsys.readouterr().err

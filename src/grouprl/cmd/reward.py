@@ -69,12 +69,15 @@ def make_scorer(reward: str, config: str, options: dict[str, Any]):
     """``fn(completion, answer, meta) -> dict of dimensions incl. "total"`` for a reward name or composite."""
     from grouprl.errors import ConfigError
     from grouprl.registry import REWARDS, load_builtins
+    from grouprl.rewards.adapters import check_reward_options
     from grouprl.rewards.composite import TEMPLATES, AgentRewardFunction
 
     load_builtins()
     if reward == "composite":
         if config not in TEMPLATES:
             raise ConfigError(f"--config {config!r}: use one of {', '.join(TEMPLATES)}")
+        # the composite's options go to its accuracy dimension (plus task_type)
+        check_reward_options("composite", REWARDS.get("accuracy"), options, where="--option")
         agent = AgentRewardFunction(TEMPLATES[config])
 
         def score(completion, answer, meta):
@@ -84,7 +87,7 @@ def make_scorer(reward: str, config: str, options: dict[str, Any]):
 
         return score
     fn = REWARDS.get(reward)
-    REWARDS.check_kwargs(reward, options, where="--option")
+    check_reward_options(reward, fn, options, where="--option")
 
     def score_one(completion, answer, meta):
         value = fn(completion, answer=answer, **{**meta, **options})

@@ -64,3 +64,9 @@ def accuracy_reward(
         f"accuracy_reward: unknown task_type {task_type!r}; use one of {', '.join(TASK_TYPES)}."
         + did_you_mean(str(task_type), TASK_TYPES)
     )
+
+
+# fixed options (make_reward_func, reward_kwargs) may be any task function's: checked against all of them
+accuracy_reward.passes_options_to = (
+    math_reward, "grouprl.rewards.code:code_reward", tool_call_reward, exact_match_reward,
+)

@@ -16,12 +16,13 @@ so a ``WeightSchedule`` works under TRL.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 from collections.abc import Callable
 from typing import Any
 
-from grouprl.errors import GroupRLError, RewardError
+from grouprl.errors import ConfigError, GroupRLError, RewardError, did_you_mean
 from grouprl.registry import REWARDS
 
 ANSWER_ALIASES = ("answer", "ground_truth", "solution")
@@ -126,7 +127,6 @@ class RewardFunc:
             out.append(None if score is None else float(score))
         return out
 
-
     def _call_batch(self, completions, prompts, columns: dict[str, Any]) -> list[float | None]:
         """Score the whole batch in one call of ``fn.batch`` (e.g. the code reward's parallel sandbox pool).
 
@@ -146,12 +146,52 @@ class RewardFunc:
         return [None if s is None else float(s) for s in scores]
 
 
+def _resolve(target: Callable | str) -> Callable:
+    if isinstance(target, str):
+        module, _, attr = target.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return target
+
+
+def accepted_options(fn: Callable) -> set[str] | None:
+    """Keyword options ``fn`` understands: its named parameters (the completion excepted) plus those of
+    the functions it hands its ``**meta`` to (``fn.passes_options_to``, and ``fn.extra_options``).
+    ``None`` when ``fn`` takes ``**kwargs`` without saying where they go: anything is accepted."""
+    params = list(inspect.signature(fn).parameters.values())
+    named = {p.name for p in params[1:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        return named
+    targets = getattr(fn, "passes_options_to", None)
+    if targets is None:
+        return None
+    for target in targets:
+        more = accepted_options(_resolve(target))
+        if more is None:
+            return None
+        named |= more
+    return named | set(getattr(fn, "extra_options", ()))
+
+
+def check_reward_options(name: str, fn: Callable, options: dict[str, Any], where: str) -> None:
+    """ConfigError for an option ``fn`` would silently ignore (a typo such as ``strcit=True``)."""
+    accepted = accepted_options(fn)
+    if accepted is None:
+        return
+    for key in options:
+        if key not in accepted:
+            raise ConfigError(
+                f"reward {name!r} takes no option {key!r} (in {where}).{did_you_mean(key, accepted)} "
+                f"It accepts: {', '.join(sorted(accepted))}."
+            )
+
+
 def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc:
     """A TRL-style ``(completions, prompts=None, **columns) -> list[float | None]`` reward.
 
     ``name_or_callable``: a REWARDS name ("math", "format", "composite", ...), a "pkg.mod:fn" plug-in,
     or a per-sample callable ``fn(completion, *, answer=None, **meta)``. ``kwargs`` are fixed options
-    passed on every call (they take precedence over dataset columns of the same name).
+    passed on every call (they take precedence over dataset columns of the same name); an option the
+    reward would ignore is a ConfigError with a "did you mean" (see :func:`accepted_options`).
 
     >>> f = make_reward_func("math", strict=True)
     >>> f(["\\\\boxed{4}", [{"role": "assistant", "content": "Answer: 5"}]], answer=["4", "4"])
@@ -160,11 +200,11 @@ def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc:
     if isinstance(name_or_callable, str):
         name = name_or_callable
         fn = REWARDS.get(name)
-        if name in REWARDS:
-            REWARDS.check_kwargs(name, kwargs, where="make_reward_func")
+        check_reward_options(name, fn, kwargs, where="make_reward_func / reward_kwargs")
     elif callable(name_or_callable):
         fn = name_or_callable
         name = getattr(fn, "__name__", type(fn).__name__)
+        check_reward_options(name, fn, kwargs, where="make_reward_func")
     else:
         raise TypeError(f"make_reward_func: expected a reward name or a callable, got {name_or_callable!r}")
     return RewardFunc(fn, name, kwargs)

@@ -186,3 +186,8 @@ def code_reward(
 
 
 code_reward.batch = code_reward_batch  # type: ignore[attr-defined]
+# Options understood beyond the named parameters (checked by make_reward_func): the job's and the batch's.
+prepare_job.passes_options_to = ()  # type: ignore[attr-defined]
+prepare_job.extra_options = _TEST_KEYS[1:]  # type: ignore[attr-defined]
+code_reward_batch.passes_options_to = (prepare_job,)  # type: ignore[attr-defined]
+code_reward.passes_options_to = (prepare_job, code_reward_batch)  # type: ignore[attr-defined]

@@ -238,3 +238,6 @@ def composite_reward(
         schedule = format_first_schedule(config)
     agent = AgentRewardFunction(config, schedule=schedule)
     return agent(completion, answer, task_type, progress=progress, **meta)["total"]
+
+
+composite_reward.passes_options_to = (accuracy_reward,)  # other options go to accuracy_reward

@@ -99,3 +99,7 @@ def efficiency_reward(
         rep = ngram_repetition(completion, ngram)
         score -= ngram_penalty * min(1.0, max(0.0, (rep - 0.3) / 0.7))
     return round(max(0.0, min(1.0, score)), 10)
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+efficiency_reward.passes_options_to = ()

@@ -46,3 +46,7 @@ def exact_match_reward(completion: str, *, answer=None, case_sensitive: bool = T
     final = split.final if split.final is not None else completion
     pred = normalize_text(final, case_sensitive=case_sensitive)
     return 1.0 if pred in golds else 0.0
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+exact_match_reward.passes_options_to = ()

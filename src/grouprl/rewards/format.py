@@ -106,3 +106,7 @@ def format_reward(
     score = _think_part(completion, think_opened, min_coherence)
     score += _tool_part(completion, max_tool_calls, direct_answer_credit)
     return round(max(0.0, min(1.0, score)), 10)
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+format_reward.passes_options_to = ()

@@ -305,3 +305,7 @@ def math_reward(
         if answers_match(pred, gold, tolerance=tolerance, integer_exact=integer_exact, time_limit=time_limit):
             return 1.0
     return 0.0
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+math_reward.passes_options_to = ()

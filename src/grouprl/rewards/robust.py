@@ -55,3 +55,6 @@ def robust_reward(
     if calls > max_tool_calls:
         base *= max(0.5, 1.0 - 0.05 * (calls - max_tool_calls))
     return base
+
+
+robust_reward.passes_options_to = (accuracy_reward,)  # other options go to accuracy_reward

@@ -162,3 +162,7 @@ def safety_reward(completion: str, *, answer=None, text_weight: float = 0.0, **m
     for hit in safety_report(completion, text_weight=text_weight):
         worst[hit.rule] = max(worst.get(hit.rule, 0.0), hit.penalty)
     return round(max(0.0, 1.0 - sum(worst.values())), 10)
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+safety_reward.passes_options_to = ()

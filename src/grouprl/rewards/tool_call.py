@@ -192,3 +192,7 @@ def tool_call_reward(
         return 0.0
     total = sum(call_score(p, g, shaped=shaped, schema=schema) for p, g in zip(preds, golds))
     return total / max(len(golds), len(preds))
+
+
+# fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
+tool_call_reward.passes_options_to = ()
