@@ -210,6 +210,16 @@ def test_verl_compute_score(data_source, solution, truth, extra, expected):
     assert compute_score(data_source, solution, truth, extra) == pytest.approx(expected)
 
 
+def test_verl_compute_score_options():
+    from grouprl.errors import ConfigError
+
+    seed = "<think>S = 78.54</think><tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
+    assert compute_score("gsm8k", seed, "78.54", {"reward_kwargs": {"strict": True}}) == 0.0
+    assert compute_score("gsm8k", seed, "78.54") == 1.0
+    with pytest.raises(ConfigError, match="Did you mean 'strict'"):
+        compute_score("gsm8k", seed, "78.54", {"reward": "math", "reward_kwargs": {"strikt": True}})
+
+
 def test_batch_capable_rewards_are_called_once_with_column_lists():
     # A reward exposing ``fn.batch`` (like the sandboxed code reward) gets the whole batch in one call:
     # per-sample columns as lists (answer aliases resolved), fixed options as scalars.

@@ -227,7 +227,9 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info:
     extra = dict(extra_info or {})
     options = dict(extra.get("reward_kwargs") or {})
     if extra.get("reward"):
-        score = REWARDS.get(str(extra["reward"]))(solution_str, answer=ground_truth, **options)
+        fn = REWARDS.get(str(extra["reward"]))
+        check_reward_options(str(extra["reward"]), fn, options, where="extra_info['reward_kwargs']")
+        score = fn(solution_str, answer=ground_truth, **options)
     else:
         source = str(data_source or "").lower()
         task = extra.get("task_type") or next(
@@ -235,5 +237,6 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info:
         )
         from grouprl.rewards.accuracy import accuracy_reward
 
+        check_reward_options("accuracy", accuracy_reward, options, where="extra_info['reward_kwargs']")
         score = accuracy_reward(solution_str, ground_truth, task, **options)
     return 0.0 if score is None else float(score)
