@@ -58,8 +58,9 @@ def generation_config(params: SamplingParams, pad_id: int, eos_ids: list[int]):
 class TransformersBackend:
     """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync)."""
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, lean: bool = True) -> None:
         self.model = model
+        self.lean = lean  # use rollout.lean.lean_sample where it reproduces generate (see lean.py)
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -82,10 +83,20 @@ class TransformersBackend:
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout:
         import torch
 
+        from grouprl.rollout.lean import lean_sample, unsupported_reason
+
         device = next(self.model.parameters()).device
         ids, mask = self.tokenize_prompts(prompts, params.max_prompt_length)
-        ids = ids.repeat_interleave(n, dim=0).to(device)
-        mask = mask.repeat_interleave(n, dim=0).to(device)
+        ids, mask = ids.to(device), mask.to(device)
+        if self.lean and unsupported_reason(self.model) is None:
+            # same tokens / distribution as generate, ~3x less CPU for small models (benchmarks/README.md)
+            completion_ids = lean_sample(self.model, ids, mask, n, max_new_tokens=params.max_new_tokens,
+                                         min_new_tokens=params.min_new_tokens, temperature=params.temperature,
+                                         top_k=params.top_k, top_p=params.top_p, eos_token_ids=self.eos_ids,
+                                         pad_token_id=self.tokenizer.pad_token_id)
+            return self._rollout(prompts, n, ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0),
+                                 completion_ids)
+        ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
         gen_cfg = generation_config(params, self.tokenizer.pad_token_id, self.eos_ids)
         was_training = self.model.training
         self.model.eval()
@@ -95,6 +106,10 @@ class TransformersBackend:
         finally:
             self.model.train(was_training)
         completion_ids = out[:, ids.shape[1]:]  # generate emits >= 1 token (max_new_tokens >= 1)
+        return self._rollout(prompts, n, ids, mask, completion_ids)
+
+    def _rollout(self, prompts: list[str], n: int, ids: Any, mask: Any, completion_ids: Any) -> Rollout:
+        """Masks, padding after EOS and decoded text for ``completion_ids [N,T]`` of prompt rows ``ids``."""
         completion_mask, truncated = completion_mask_from_ids(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         lengths = completion_mask.sum(dim=1).tolist()

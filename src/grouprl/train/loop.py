@@ -311,8 +311,11 @@ def _micro_batches(ctx: RunContext, batch: dict[str, Any], timers: Timers) -> li
             for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
                 mb.ref_logp = lp
     if cfg.needs_old_logp:
+        # With mu = 1 the first optimizer step's micro-batches are scored before any update: their old
+        # log-probs are the current ones, which the loss takes as logp.detach() when old_logp is None.
+        first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0
         with timers("old_logp_forward"):
-            for mb, lp in zip(mbs, batched_logps(ctx.model, mbs, cfg.temperature, ctx.autocast)):
+            for mb, lp in zip(mbs[first:], batched_logps(ctx.model, mbs[first:], cfg.temperature, ctx.autocast)):
                 mb.old_logp = lp
     return mbs
 

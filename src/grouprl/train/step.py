@@ -57,12 +57,13 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
     T = completion_ids.shape[1]
     if plain:
-        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids).logits
+        logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                       use_cache=False).logits
         logits = logits[:, -T - 1:-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     else:
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                    logits_to_keep=T + 1)
+                    logits_to_keep=T + 1, use_cache=False)
         logits = out.logits[:, :-1] / temperature
         logp = selective_log_softmax(logits, completion_ids)
     if not with_entropy:
