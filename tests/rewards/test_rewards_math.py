@@ -78,6 +78,10 @@ def test_seed_example_accuracy_default_and_strict():
         ("\\sqrt{2}", "1.41421356", True),
         ("x^2 + 1", "1 + x^2", True),
         ("hello", "5", False),
+        # scientific notation: math-verify alone reads "1e3" as 1, so a gold "1e3" would accept "1"
+        ("1e3", "1000", True),
+        ("2.5e-3", "0.0025", True),
+        ("1", "1e3", False),
     ],
 )
 def test_answers_match(pred, gold, expected):

@@ -37,7 +37,8 @@ from grouprl.rewards import _text
 from grouprl.rewards._limit import call_with_limit
 
 HEDGE = "\x00hedge"
-_PLAIN_NUMBER = re.compile(r"^[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?$|^[-+]?\.\d+$")
+# plain numbers, with thousands separators or in scientific notation (math-verify reads "1e3" as 1)
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
 _RISKY = re.compile(
     r"\^.*\^|\*\*.*\*\*|\^\s*\{?\s*[-+]?\d{3,}|\*\*\s*\(?\s*[-+]?\d{3,}|\d{3,}\s*!|!\s*!"
     r"|\\(?:int|sum|prod|lim|binom|infty|iint)|\d{60,}"
