@@ -89,3 +89,5 @@ def test_a_mistyped_option_is_an_error_not_ignored(tmp_path, capsys):
     assert "takes no option 'strcit' (in --option). Did you mean 'strict'?" in capsys.readouterr().err
     assert main(["reward", "score", "-o", "tolerence=0.1", "--input", path]) == 2  # composite
     assert "Did you mean 'tolerance'?" in capsys.readouterr().err
+    assert main(["reward", "score", "--config", "mth", "--input", path]) == 2
+    assert "--config 'mth': use one of default, math, code, retrieval. Did you mean 'math'?" in capsys.readouterr().err

@@ -67,7 +67,7 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 
 def make_scorer(reward: str, config: str, options: dict[str, Any]):
     """``fn(completion, answer, meta) -> dict of dimensions incl. "total"`` for a reward name or composite."""
-    from grouprl.errors import ConfigError
+    from grouprl.errors import ConfigError, did_you_mean
     from grouprl.registry import REWARDS, load_builtins
     from grouprl.rewards.adapters import check_reward_options
     from grouprl.rewards.composite import TEMPLATES, AgentRewardFunction
@@ -75,7 +75,7 @@ def make_scorer(reward: str, config: str, options: dict[str, Any]):
     load_builtins()
     if reward == "composite":
         if config not in TEMPLATES:
-            raise ConfigError(f"--config {config!r}: use one of {', '.join(TEMPLATES)}")
+            raise ConfigError(f"--config {config!r}: use one of {', '.join(TEMPLATES)}.{did_you_mean(config, TEMPLATES)}")
         # the composite's options go to its accuracy dimension (plus task_type)
         check_reward_options("composite", REWARDS.get("accuracy"), options, where="--option")
         agent = AgentRewardFunction(TEMPLATES[config])

@@ -21,7 +21,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from grouprl.errors import ConfigError
+from grouprl.errors import ConfigError, did_you_mean
 from grouprl.registry import REWARDS
 from grouprl.rewards.accuracy import accuracy_reward
 from grouprl.rewards.efficiency import efficiency_reward
@@ -228,6 +228,7 @@ def composite_reward(
         if config not in TEMPLATES:
             raise ConfigError(
                 f"composite reward: unknown config {config!r}; use one of {', '.join(TEMPLATES)}."
+                + did_you_mean(config, TEMPLATES)
             )
         config = TEMPLATES[config]
     if isinstance(schedule, str):
