@@ -156,6 +156,8 @@ def compute_grpo_advantages(rewards: list[float], eps: float = 1e-8) -> list[flo
 
     ``(r_i - mean) / (std + eps)`` with the population std (divide by G); a group whose std is below
     ``eps`` gets all zeros. ``None`` or NaN entries get 0 and are left out of the statistics.
+    Paper: DeepSeekMath GRPO, arXiv 2402.03300, Sec. 4.1.2 (the ``grpo`` estimator on one group).
+    Shapes: ``G`` rewards (a list) -> ``G`` advantages (a list of floats).
 
     >>> [round(a, 3) for a in compute_grpo_advantages([1, 3, 2, 6])]
     [-1.069, 0.0, -0.535, 1.604]

@@ -52,7 +52,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
-    """Variance of ``x`` over all masked positions (0-dim). ``unbiased`` applies Bessel's n/(n-1)."""
+    """Variance of ``x`` over all masked positions. ``unbiased`` applies Bessel's n/(n-1).
+
+    Shapes: ``x`` and ``mask`` broadcastable (typically ``[N, T]``) -> ``[]``; 0 when the mask is empty.
+    """
     mean = masked_mean(x, mask)
     var = masked_mean((x - mean) ** 2, mask)
     if unbiased:
