@@ -87,7 +87,7 @@ def _bucket_is_test(key: str) -> bool:
 
 
 def make_arithmetic(
-    rng: random.Random, *, max_value: int = 20, max_factor: int = 9, num_steps: int = 2
+    rng: random.Random, *, max_value: int = 9, max_factor: int = 5, num_steps: int = 2
 ) -> dict[str, Any]:
     """One word problem with ``num_steps`` (1 or 2) operations on numbers up to ``max_value``.
 
