@@ -27,8 +27,11 @@ sandbox-deps:
 	    echo "note: could not install bubblewrap; strict sandbox isolation is unavailable (see grouprl sandbox check)"; \
 	  else echo "note: bubblewrap not found; run 'grouprl sandbox check' for how to install it"; fi; }
 
+# One torch thread by default: the tiny built-in model gains nothing from more, and a fixed count keeps
+# runs repeatable (override: make run OMP_NUM_THREADS=2).
+OMP_NUM_THREADS ?= 1
 run: setup
-	$(BIN)/grouprl train -c $(RECIPE)
+	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(BIN)/grouprl train -c $(RECIPE)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow"
