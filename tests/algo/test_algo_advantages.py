@@ -169,3 +169,20 @@ def test_property_invariant_to_shift_and_positive_scale(rewards, shift, scale):
     base = grpo(r)
     assert torch.allclose(grpo(r + shift), base, atol=1e-5)
     assert torch.allclose(grpo(r * scale), base, atol=1e-5)
+
+
+def _seed_listing_advantages(rewards, eps=1e-8):
+    """The seed text's compute_grpo_advantages listing (numpy, population std), transcribed."""
+    import numpy as np
+
+    rewards = np.array(rewards, dtype=np.float64)
+    mu, sigma = rewards.mean(), rewards.std()
+    if sigma < eps:
+        return [0.0] * len(rewards)
+    return ((rewards - mu) / (sigma + eps)).tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-100, 100, allow_nan=False), min_size=1, max_size=16))
+def test_property_seed_api_equals_the_seed_listing(rewards):
+    assert compute_grpo_advantages(rewards) == pytest.approx(_seed_listing_advantages(rewards), abs=1e-9)

@@ -56,3 +56,42 @@ def test_compute_grpo_loss_with_kl_term():
     assert out.item() == pytest.approx(0.15 + 0.1 * (1 / 1.5 - 1 + LOG(1.5)), abs=1e-9)
     with pytest.raises(ValueError, match="ref_per_token_logps"):
         compute_grpo_loss(LOGP, OLD, ADV, MASK, beta=0.1)
+
+
+def _seed_listing_gspo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=3e-4):
+    """The seed text's compute_gspo_loss listing, transcribed line by line (all-token mean at the end)."""
+    per_token_log_ratio = per_token_logps - old_per_token_logps
+    seq_log_ratio = (per_token_log_ratio * completion_mask).sum(dim=-1) / completion_mask.sum(dim=-1).clamp(min=1.0)
+    rho_seq = torch.exp(seq_log_ratio)
+    rho_clipped = torch.clamp(rho_seq, 1.0 - clip_eps, 1.0 + clip_eps)
+    surr1 = rho_seq.unsqueeze(-1) * advantages.unsqueeze(-1)
+    surr2 = rho_clipped.unsqueeze(-1) * advantages.unsqueeze(-1)
+    token_loss = (-torch.min(surr1, surr2)).expand_as(per_token_logps)
+    return (token_loss * completion_mask).sum() / completion_mask.sum()
+
+
+def _seed_listing_grpo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=0.2):
+    """The seed text's compute_grpo_loss listing, transcribed line by line."""
+    per_token_ratio = torch.exp(per_token_logps - old_per_token_logps)
+    per_token_clipped = torch.clamp(per_token_ratio, 1.0 - clip_eps, 1.0 + clip_eps)
+    surr1 = per_token_ratio * advantages.unsqueeze(-1)
+    surr2 = per_token_clipped * advantages.unsqueeze(-1)
+    return (-torch.min(surr1, surr2) * completion_mask).sum() / completion_mask.sum()
+
+
+@pytest.mark.parametrize("ours, listing, eps", [(compute_grpo_loss, _seed_listing_grpo, 0.2),
+                                                (compute_gspo_loss, _seed_listing_gspo, 0.02)])
+def test_token_mean_option_reproduces_the_seed_listing_value_and_gradient(ours, listing, eps):
+    torch.manual_seed(0)
+    logp = (-torch.rand(6, 7, dtype=D) * 2).requires_grad_(True)
+    old = (logp + 0.1 * torch.randn(6, 7, dtype=D)).detach()
+    adv = torch.randn(6, dtype=D)
+    mask = (torch.arange(7) < torch.tensor([7, 3, 1, 5, 2, 6]).unsqueeze(-1)).to(D)
+    a = ours(logp, old, adv, mask, eps, aggregation="token_mean")
+    b = listing(logp, old, adv, mask, eps)
+    assert a.item() == pytest.approx(b.item(), abs=1e-12)
+    (ga,) = torch.autograd.grad(a, logp)
+    (gb,) = torch.autograd.grad(b, logp)
+    assert torch.allclose(ga, gb, atol=1e-12)
+    # ... while the default (the formula) differs whenever lengths differ
+    assert ours(logp, old, adv, mask, eps).item() != pytest.approx(b.item(), abs=1e-6)
