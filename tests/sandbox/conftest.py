@@ -1,4 +1,4 @@
-"""Shared helper for the sandbox tests: the leftover-process check."""
+"""Shared fixtures of the sandbox tests: the isolation levels and the leftover-process check."""
 
 from __future__ import annotations
 
@@ -7,7 +7,19 @@ import contextlib
 import psutil
 import pytest
 
+from grouprl.sandbox import detect
 from grouprl.sandbox.runner import LEASED_UIDS
+
+LEVELS = [
+    pytest.param("strict", marks=pytest.mark.skipif(not detect().strict, reason="bubblewrap not available")),
+    pytest.param("basic", marks=pytest.mark.skipif(detect().basic_python is None, reason="basic not available")),
+]
+
+
+@pytest.fixture(params=LEVELS)
+def level(request):
+    """Each isolation level this machine can give (tests taking it run once per level)."""
+    return request.param
 
 
 def _children() -> set[tuple[int, float]]:

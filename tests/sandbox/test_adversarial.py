@@ -17,17 +17,6 @@ import pytest
 from grouprl.sandbox import detect, run_tests
 
 pytestmark = pytest.mark.timeout(90)
-LEVELS = [
-    pytest.param("strict", marks=pytest.mark.skipif(not detect().strict, reason="bubblewrap not available")),
-    pytest.param("basic", marks=pytest.mark.skipif(detect().basic_python is None, reason="basic not available")),
-]
-
-
-@pytest.fixture(params=LEVELS)
-def level(request):
-    return request.param
-
-
 def run(code: str, tests=("assert f() == 1",), **kw):
     return run_tests(textwrap.dedent(code), list(tests), **{"timeout": 3.0, **kw})
 

@@ -1,4 +1,6 @@
-"""The verdict is decided by the judge, never by the program: none of these tricks may pass."""
+"""The verdict is decided by the judge, never by the program: none of these tricks may pass.
+
+The verdict never depends on the isolation level: every trick is tried under both (``level``)."""
 
 from __future__ import annotations
 
@@ -6,22 +8,10 @@ import textwrap
 
 import pytest
 
-from grouprl.sandbox import detect, run_tests
+from grouprl.sandbox import run_tests
 
 pytestmark = pytest.mark.timeout(60)
 WANT = ["assert f(2) == 4", "assert f(3) == 9"]
-# The verdict never depends on the isolation level: every trick is tried under both.
-LEVELS = [
-    pytest.param("strict", marks=pytest.mark.skipif(not detect().strict, reason="bubblewrap not available")),
-    pytest.param("basic", marks=pytest.mark.skipif(detect().basic_python is None, reason="basic not available")),
-]
-
-
-@pytest.fixture(params=LEVELS)
-def level(request):
-    return request.param
-
-
 def score(code: str, level: str, tests=WANT):
     return run_tests(textwrap.dedent(code), tests, timeout=5.0, isolation=level)
 
