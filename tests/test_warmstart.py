@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,8 @@ def test_builds_and_loads_through_from_pretrained(built):
     model = AutoModelForCausalLM.from_pretrained(path)
     assert model.config.model_type == "qwen2" and model.config.hidden_size == 32
     info = json.loads((Path(path) / INFO_FILE).read_text())
-    assert info["settings"]["sft_steps"] == 3 and info["demo_accuracy"] == 1.0
+    assert info["settings"]["sft_steps"] == 3 and info["settings"]["hasty_error"] == 0.5
+    assert info["demo_accuracy"] == sft_examples(replace(get_warmstart("arithmetic"), **TINY))[1]
     assert info["sft_loss_last"] < info["sft_loss_first"]
     ids = tok("Ana has 3 pens.\n", return_tensors="pt")["input_ids"]
     assert [tok.decode([i]) for i in tok("123", add_special_tokens=False)["input_ids"]] == ["1", "2", "3"]
@@ -111,3 +113,13 @@ def test_builtin_names():
     assert get_warmstart("arithmetic-noisy").noise == pytest.approx(0.3)
     with pytest.raises(UnknownNameError, match="builtin:arithmetic"):
         get_warmstart("arithmetc")
+
+
+def test_countdown_warm_start_builds_with_its_own_demonstrations(tmp_path):
+    from transformers import AutoTokenizer
+
+    path = builtin_model_path("countdown", cache_dir=tmp_path, **TINY)
+    info = json.loads((Path(path) / INFO_FILE).read_text())
+    assert info["settings"]["task"] == "countdown" and info["demo_accuracy"] == 1.0
+    tok = AutoTokenizer.from_pretrained(path)
+    assert tok.convert_ids_to_tokens(tok("<answer>", add_special_tokens=False)["input_ids"]) == ["<answer>"]
