@@ -87,13 +87,20 @@ class GRPOConfig:
 
     # ---- rewards ----------------------------------------------------------------------------
     reward_funcs: list = field(default_factory=lambda: ["accuracy"])
-    """Reward names from the registry (or ``pkg.mod:fn``). Python callers may pass callables to the trainer."""
+    """Reward names from the registry, or ``pkg.mod:fn`` naming a PER-SAMPLE function
+    ``fn(completion, *, answer=None, **columns) -> float | None``. Python callers may also pass TRL-style
+    batch callables ``fn(completions, prompts, **columns) -> list`` to the trainer."""
     reward_weights: list | None = None
     """One weight per reward function (``None`` = all 1.0); the total reward is the weighted sum."""
     reward_kwargs: dict = field(default_factory=dict)
     """Per-reward keyword arguments, e.g. ``{accuracy: {task_type: math}}``."""
     eval_reward: str = "accuracy"
     """Reward whose mean on the held-out split is reported as accuracy."""
+    sandbox: dict = field(default_factory=dict)
+    """Code sandbox settings (``grouprl.sandbox.SandboxConfig``: isolation auto|strict|basic, timeout,
+    test_timeout, workers, budget, memory_mb, nproc, hide_paths). Applied at start-up, before any model loads,
+    whenever this is set or a ``code`` reward is used, so an isolation level the machine cannot give fails
+    at once."""
 
     # ---- algorithm ----------------------------------------------------------------------------
     algorithm: str | None = None
@@ -381,6 +388,7 @@ class GRPOConfig:
                               f"'package.module:Class' implementing grouprl.rollout.base.Backend.")
         if self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k} must be >= 0 (0 = off).")
+        _check_sandbox_keys(self.sandbox)
 
     def check_names(self) -> None:
         """Check registry names and their keyword arguments (imports grouprl.algo, still no model)."""
@@ -391,6 +399,18 @@ class GRPOConfig:
         ADVANTAGES.check_kwargs(self.advantage, dict(self.advantage_kwargs), where="advantage_kwargs")
         AGGREGATIONS.get(self.loss_aggregation)
         KL_ESTIMATORS.get(self.kl_estimator)
+
+    def configure_sandbox(self) -> Any:
+        """Apply the ``sandbox`` section (``grouprl.sandbox.configure``) when it is set or a ``code`` reward is
+        used; raises ConfigError / SandboxUnavailable now if the isolation level cannot be had. Returns the
+        SandboxConfig, or ``None`` when no sandbox is involved."""
+        names = [r for r in self.reward_funcs if isinstance(r, str)] + [self.eval_reward]
+        code_task = any(isinstance(kw, dict) and kw.get("task_type") == "code" for kw in self.reward_kwargs.values())
+        if not (self.sandbox or "code" in names or code_task):
+            return None
+        from grouprl.sandbox.config import configure
+
+        return configure(dict(self.sandbox))
 
     def loss_hparams(self) -> dict[str, Any]:
         """Keyword arguments for the policy loss: the clip range plus loss_kwargs."""
@@ -519,6 +539,19 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     if kind.startswith("list") and isinstance(value, str):
         return [value]
     return value
+
+
+def _check_sandbox_keys(section: Any) -> None:
+    """The ``sandbox`` section names SandboxConfig fields (grouprl.sandbox.config imports no torch)."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"sandbox={section!r} must be a mapping, e.g. {{isolation: strict, timeout: 10}}.")
+    from grouprl.sandbox.config import SandboxConfig
+
+    known = [f.name for f in fields(SandboxConfig)]
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"sandbox.{key} is not a sandbox setting.{did_you_mean(str(key), known)} "
+                              f"Known: {', '.join(known)}.")
 
 
 def _positive_ints(cfg: GRPOConfig, *names: str) -> None:

@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.errors import ConfigError
 
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
+    cfg.configure_sandbox()
     temperature = cfg.eval_temperature if args.temperature is None else args.temperature
     n = args.num_samples or cfg.eval_num_samples
     if n > 1 and temperature == 0:
@@ -57,7 +58,13 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     from grouprl.errors import ConfigError
     from grouprl.rollout import make_backend
     from grouprl.train.evaluate import evaluate
-    from grouprl.train.model import load_model, load_tokenizer, pick_device, resolve_model_path
+    from grouprl.train.model import (
+        check_model_source,
+        load_model,
+        load_tokenizer,
+        pick_device,
+        resolve_model_path,
+    )
     from grouprl.train.score import resolve_reward_funcs
 
     if cfg.dataset is None or cfg.eval_split is None:
@@ -71,6 +78,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     source = checkpoint or cfg.model
     if source is None:
         raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
+    check_model_source(source)
     device = pick_device(cfg.device)
     if checkpoint and (Path(checkpoint) / "adapter_config.json").is_file():
         from peft import PeftModel

@@ -24,6 +24,39 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def check_model_source(name: str) -> None:
+    """Fail fast, before data or weights load, when ``name`` cannot be found.
+
+    A local directory or ``builtin:`` name passes. Anything else is a hub id: it passes when it is in the
+    local cache, in offline mode (transformers then reports a cache miss itself), or when the hub answers
+    one quick request; otherwise a ConfigError names the model and the fixes -- instead of ~50 s of
+    silent retries and a traceback.
+    """
+    from pathlib import Path
+
+    if name.startswith("builtin:") or Path(name).expanduser().is_dir():
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, get_session, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"model={name!r} is neither a local directory nor a hub id ('org/name'). Fix: give "
+                          f"a directory holding config.json (check the path), a hub id, or builtin:<name>.") from None
+    if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    try:
+        get_session().head(constants.ENDPOINT, timeout=5)
+    except Exception as e:  # any network failure: DNS, refused, timeout, proxy, TLS
+        raise ConfigError(
+            f"model={name!r} is not a local directory and not in the local cache, and the Hugging Face Hub "
+            f"({constants.ENDPOINT}) is unreachable ({type(e).__name__}: {e}). Fix: download it where there is "
+            f"network (`hf download {name}`) and copy the cache or the folder here, give a local directory, "
+            f"or point HF_ENDPOINT at a reachable mirror."
+        ) from None
+
+
 def pick_device(choice: str) -> torch.device:
     if choice == "auto":
         if torch.cuda.is_available():
@@ -53,7 +86,11 @@ def autocast_factory(bf16: bool, device: torch.device):
 def load_tokenizer(source: Any, processing_class: Any = None):
     from transformers import AutoTokenizer
 
-    tok = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(source)
+    try:
+        tok = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(source)
+    except OSError as e:
+        raise ConfigError(f"the tokenizer of {source!r} could not be loaded ({e}). Give a hub id or a local "
+                          f"directory with tokenizer files, or pass processing_class=tokenizer.") from e
     tok = getattr(tok, "tokenizer", tok)  # a processor wrapping a tokenizer
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

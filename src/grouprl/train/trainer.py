@@ -39,11 +39,15 @@ class GRPOTrainer:
                               f"`from grouprl import GRPOConfig`.")
         cfg.validate()
         cfg.check_names()  # registry names and kwargs: fail before any model loads
+        cfg.configure_sandbox()  # an isolation level this machine cannot give fails here, not mid-run
         source = model if model is not None else cfg.model
         if source is None:
             raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
-        from grouprl.train.model import apply_peft, load_model, pick_device
+        from grouprl.train.model import apply_peft, check_model_source, load_model, pick_device
         from grouprl.train.score import resolve_reward_funcs
+
+        if isinstance(source, str):
+            check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
 
         self.device = pick_device(cfg.device)
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
