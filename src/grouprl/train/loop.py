@@ -138,7 +138,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         history, evals = saved.get("history", []), saved.get("evals", {})
         stream.load_state(saved["data"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
-                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None)
+                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
+                           resume_step=step)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_fn, reference, autocast, train_rows,
                      step, total_steps)
     run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)

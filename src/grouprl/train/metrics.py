@@ -76,13 +76,17 @@ class MetricsLogger:
     """Fan-out of one metrics dict per logged step to every configured sink."""
 
     def __init__(self, output_dir: str | Path, targets: list[str], *, run_name: str | None, total_steps: int,
-                 progress: bool, config: dict[str, Any] | None = None, resume: bool = False) -> None:
+                 progress: bool, config: dict[str, Any] | None = None, resume: bool = False,
+                 resume_step: int | None = None) -> None:
         self.dir = Path(output_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.dir / "metrics.jsonl"
         self.samples_path = self.dir / "samples.jsonl"
         self.tb_dir: Path | None = None
         mode = "a" if resume else "w"
+        if resume and resume_step is not None:  # a killed run logged steps after its checkpoint: redone now
+            for path in (self.metrics_path, self.samples_path):
+                _drop_records_after(path, resume_step)
         self._metrics = self.metrics_path.open(mode)
         self._samples = self.samples_path.open(mode)
         self._tb = self._wandb = None
@@ -90,7 +94,8 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tb_dir = self.dir / "tensorboard"
-            self._tb = SummaryWriter(log_dir=str(self.tb_dir))
+            purge = resume_step + 1 if resume and resume_step is not None else None  # hide the killed run's tail
+            self._tb = SummaryWriter(log_dir=str(self.tb_dir), purge_step=purge)
         if "wandb" in targets:
             try:
                 import wandb  # optional dependency: only imported when asked for
@@ -102,6 +107,7 @@ class MetricsLogger:
 
             self._wandb = wandb.init(name=run_name or self.dir.name, config=config or {}, resume="allow")
         self._progress = self._task = None
+        self._bars_paused = False
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -109,6 +115,7 @@ class MetricsLogger:
                                       TimeRemainingColumn(), TextColumn("{task.fields[live]}"), transient=False)
             self._task = self._progress.add_task("train", total=total_steps, live="")
             self._progress.start()
+            self._bars_paused = _pause_transformers_bars()
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
@@ -140,12 +147,44 @@ class MetricsLogger:
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+        if self._bars_paused:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.enable_progress_bar()
         self._metrics.close()
         self._samples.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _pause_transformers_bars() -> bool:
+    """Silence transformers' tqdm bars (a "Writing model shards" bar at every checkpoint would scroll the live
+    bar away) until close(); True when they were on."""
+    from transformers.utils import logging as hf_logging
+
+    if not hf_logging.is_progress_bar_enabled():
+        return False
+    hf_logging.disable_progress_bar()
+    return True
+
+
+def _drop_records_after(path: Path, step: int) -> None:
+    """Keep the JSONL records of steps <= ``step`` (and drop a line cut short by a kill); atomic rewrite."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
 
 
 def summarize_rewards(history: list[dict[str, Any]], key: str = "reward") -> dict[str, float]:
