@@ -87,3 +87,15 @@ def test_chat_prompts_use_the_template_and_other_columns_go_to_rewards(tiny_mode
     assert text == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     assert render_prompt("plain", tok) == "plain"
     assert reward_columns(ROWS) == {"answer": ["2", "4"], "tests": ["assert f() == 2", "assert f() == 4"]}
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('{"prompt": "ok"}\n\n{"prompt": "x", "answer": "2"\n', "line 3 (row 1) is not valid JSON (Expecting ',' delimiter"),
+    ('{"prompt": "ok"}\n["x"]\n', "line 2 (row 1) is a list, not an object"),
+])
+def test_broken_jsonl_line_is_named(tmp_path, text, needle):
+    path = tmp_path / "train.jsonl"
+    path.write_text(text)
+    with pytest.raises(DataError) as e:
+        load_dataset_any(str(path))
+    assert needle in str(e.value)

@@ -72,7 +72,30 @@ def _load_file(path: Path):
             return datasets.Dataset.from_pandas(frame, preserve_index=False)
         return datasets.load_dataset(kind, data_files=str(path), split="train")
     except Exception as e:
+        where = _bad_jsonl_line(path) if path.suffix.lower() == ".jsonl" else None
+        if where:
+            raise DataError(f"dataset file {str(path)!r}: {where}. Each line must be one JSON object.") from e
         raise DataError(f"dataset file {str(path)!r} could not be read as {kind}: {e}") from e
+
+
+def _bad_jsonl_line(path: Path) -> str | None:
+    """'line N: <problem>' for the first line of a .jsonl file that is not a JSON object (None if all are)."""
+    import json
+
+    row = -1
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):
+            text = line.strip()
+            if not text:
+                continue
+            row += 1
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as e:
+                return f"line {n} (row {row}) is not valid JSON ({e.msg} at column {e.colno}): {_short(text)}"
+            if not isinstance(value, dict):
+                return f"line {n} (row {row}) is a {type(value).__name__}, not an object: {_short(text)}"
+    return None
 
 
 def _load_dir(path: Path, split: str):

@@ -46,9 +46,6 @@ class GRPOTrainer:
         from grouprl.train.model import apply_peft, check_model_source, load_model, pick_device
         from grouprl.train.score import resolve_reward_funcs
 
-        if isinstance(source, str):
-            check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
-
         self.device = pick_device(cfg.device)
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                                  cfg.reward_kwargs)
@@ -61,6 +58,8 @@ class GRPOTrainer:
         if self.eval_dataset is not None and eval_reward_func is None:
             self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
 
+        if isinstance(source, str):
+            check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
         import transformers
 
