@@ -137,3 +137,30 @@ def test_lora_resume_restores_the_adapter(tiny_model_dir, train_rows, fast_confi
     assert [r["step"] for r in resumed_records] == [2, 3]
     for (name, a), b in zip(full.model.named_parameters(), resumed.model.parameters()):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_save_killed_midway_leaves_no_checkpoint_and_resume_takes_the_previous(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    from transformers import AutoModelForCausalLM, get_scheduler
+
+    from grouprl.train import checkpoint as ckpt
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = get_scheduler("constant", opt)
+    state = {"data": {"epoch": 0, "pos": 0}}
+    ckpt.save_checkpoint(tmp_path, 1, model, None, opt, sched, state)
+
+    def killed(*args, **kwargs):  # the weights are on disk, the trainer state is not: the process dies here
+        raise KeyboardInterrupt("killed while writing trainer_state.pt")
+
+    monkeypatch.setattr(ckpt.torch, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, 2, model, None, opt, sched, state)
+    monkeypatch.undo()
+    assert (tmp_path / ".tmp-checkpoint-2" / "model.safetensors").is_file()  # the partial write...
+    assert not (tmp_path / "checkpoint-2").exists()  # ...never carries a checkpoint name
+    assert ckpt.resolve_resume(True, tmp_path) == tmp_path / "checkpoint-1"
+    ckpt.save_checkpoint(tmp_path, 2, model, None, opt, sched, state)  # the redo replaces the leftover
+    assert not (tmp_path / ".tmp-checkpoint-2").exists()
+    assert ckpt.resolve_resume(True, tmp_path) == tmp_path / "checkpoint-2"
