@@ -27,7 +27,8 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
     """Decode ``num_samples`` completions per row (greedy when temperature == 0) and score them.
 
     A completion counts as correct for pass@k when its reward >= ``threshold``; ``None`` rewards (no
-    opinion) are left out of the accuracy mean. Returns accuracy, pass@k for each k <= num_samples,
+    opinion) are left out of the accuracy mean and of pass@k (a prompt counts for pass@k when at least k of
+    its samples were scored). Returns accuracy, pass@k for each k <= num_samples,
     mean completion length and the number of scored samples.
     """
     scorer = RewardScorer([reward_fn])
@@ -50,7 +51,8 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         for i in range(len(chunk)):
             group = totals[i * num_samples:(i + 1) * num_samples]
             values.extend(v for v in group if not math.isnan(v))
-            per_prompt_correct.append(sum(1 for v in group if not math.isnan(v) and v >= threshold))
+            scored = [v for v in group if not math.isnan(v)]
+            per_prompt_correct.append((len(scored), sum(1 for v in scored if v >= threshold)))
         if len(samples) < 4:
             samples.append({"prompt": texts[0], "completion": out.completions[0], "reward": totals[0]})
     result: dict[str, Any] = {
@@ -60,9 +62,10 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         "completion_length": sum(lengths) / len(lengths) if lengths else 0.0,
         "samples": samples,
     }
-    for k in ks:
+    for k in ks:  # like accuracy, "no opinion" samples are left out: pass@k over each prompt's scored samples
         if k <= num_samples:
-            result[f"pass@{k}"] = sum(pass_at_k(num_samples, c, k) for c in per_prompt_correct) / max(1, len(rows))
+            judged = [pass_at_k(n, c, k) for n, c in per_prompt_correct if n >= k]
+            result[f"pass@{k}"] = sum(judged) / len(judged) if judged else float("nan")
     return result
 
 
