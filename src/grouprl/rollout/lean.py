@@ -167,49 +167,57 @@ def lean_sample(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """``n`` completions of each left-padded prompt: ``completion_ids [P*n, T]``, rows grouped by prompt.
 
     Same distribution as ``model.generate(do_sample=True, temperature=..., top_k=..., top_p=...)`` on the
-    prompts repeated ``n`` times (``temperature == 0``: greedy, identical tokens; top_k = 0 is off). After a row's EOS the
-    row holds ``pad_token_id``; the result is cut at the step where every row has finished. EOS cannot be
-    drawn before ``min_new_tokens``.
+    prompts repeated ``n`` times (``temperature == 0``: greedy, identical tokens; ``top_k == 0`` is off).
+    After a row's EOS the row holds ``pad_token_id``; the result is cut at the step where every row has
+    finished. EOS cannot be drawn before ``min_new_tokens``.
     """
     # inference_mode: less per-op bookkeeping than no_grad; the result is cloned out of it so that the
     # training forward may use it (inference tensors cannot be saved for backward)
     with torch.inference_mode():
-        out = _sample(model, input_ids, attention_mask, n, max_new_tokens, min_new_tokens, temperature, top_k,
-                      top_p, eos_token_ids, pad_token_id, generator)
+        w = _Weights(model)
+        state = _prefill(w, input_ids, attention_mask, n, max_new_tokens)
+        out = _decode(w, state, max_new_tokens, min_new_tokens, temperature, top_k, top_p, eos_token_ids,
+                      pad_token_id, generator)
     return out.clone()
 
 
-def _sample(model, input_ids, attention_mask, n, max_new_tokens, min_new_tokens, temperature, top_k, top_p,
-            eos_token_ids, pad_token_id, generator):
-    w = _Weights(model)
+def _prefill(w: _Weights, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, T: int) -> dict:
+    """One forward over the P unique prompts; their keys/values copied n times into [N, KV, L + T, D]."""
     P, L = input_ids.shape
-    N, T, dev = P * n, max_new_tokens, input_ids.device
-    dtype = w.embed.dtype
+    dev, dtype = input_ids.device, w.embed.dtype
     mask = attention_mask.bool()
-    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    # prefill: causal and padding mask; a padded query attends to itself so no row is empty
+    positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # as generate does with left padding
+    # causal and padding mask; a padded query attends to itself so that no row of the softmax is empty
     eye = torch.eye(L, dtype=torch.bool, device=dev)
     allowed = (torch.ones(L, L, dtype=torch.bool, device=dev).tril() & mask[:, None, :]) | eye
-    bias = torch.zeros(P, 1, 1, L, L, device=dev, dtype=dtype).masked_fill(~allowed[:, None, None], float("-inf"))
+    bias = torch.zeros(P, 1, 1, L, L, device=dev, dtype=dtype)
+    bias.masked_fill_(~allowed[:, None, None], float("-inf"))
     k_bufs = [torch.empty(P, w.KV, L, w.D, device=dev, dtype=dtype) for _ in w.layers]
     v_bufs = [torch.empty(P, w.KV, L, w.D, device=dev, dtype=dtype) for _ in w.layers]
     cos, sin = w.rope(positions, dtype)
     x = F.embedding(input_ids, w.embed)
     for params, kb, vb in zip(w.layers, k_bufs, v_bufs):
         x = _layer(w, x, params, kb, vb, 0, cos, sin, bias)
-    logits = _logits(w, x[:, -1]).repeat_interleave(n, dim=0)
-    # decode buffers: the prompt's keys/values once per sample, then T generated columns
     ks, vs = [], []
     for kb, vb in zip(k_bufs, v_bufs):
-        k = torch.empty(N, w.KV, L + T, w.D, device=dev, dtype=dtype)
+        k = torch.empty(P * n, w.KV, L + T, w.D, device=dev, dtype=dtype)
         v = torch.empty_like(k)
         k[:, :, :L], v[:, :, :L] = kb.repeat_interleave(n, dim=0), vb.repeat_interleave(n, dim=0)
         ks.append(k)
         vs.append(v)
-    del k_bufs, v_bufs, bias
-    key_bias = torch.zeros(N, 1, 1, 1, L + T, device=dev, dtype=dtype)
+    key_bias = torch.zeros(P * n, 1, 1, 1, L + T, device=dev, dtype=dtype)
     key_bias[..., :L].masked_fill_(~mask.repeat_interleave(n, dim=0)[:, None, None, None], float("-inf"))
-    cos_all, sin_all = w.rope(positions[:, -1:].repeat_interleave(n, dim=0) + 1 + torch.arange(T, device=dev), dtype)
+    next_positions = positions[:, -1:].repeat_interleave(n, dim=0) + 1 + torch.arange(T, device=dev)
+    cos_all, sin_all = w.rope(next_positions, dtype)  # [N, 1, T, D]
+    return {"logits": _logits(w, x[:, -1]).repeat_interleave(n, dim=0), "ks": ks, "vs": vs, "L": L,
+            "key_bias": key_bias, "cos": cos_all, "sin": sin_all}
+
+
+def _decode(w: _Weights, state: dict, T: int, min_new_tokens: int, temperature: float, top_k: int,
+            top_p: float, eos_token_ids, pad_token_id: int, generator) -> torch.Tensor:
+    """Draw a token per row, then run one position through every layer; T times or until all rows end."""
+    logits, ks, vs, L = state["logits"], state["ks"], state["vs"], state["L"]
+    N, dev = logits.shape[0], logits.device
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=dev)
     finished = torch.zeros(N, dtype=torch.bool, device=dev)
     out = torch.full((N, T), pad_token_id, dtype=torch.long, device=dev)
@@ -227,8 +235,8 @@ def _sample(model, input_ids, attention_mask, n, max_new_tokens, min_new_tokens,
         if t == T - 1:
             break
         x = F.embedding(token, w.embed).unsqueeze(1)  # [N, 1, hidden]
-        c, s = cos_all[:, :, t:t + 1], sin_all[:, :, t:t + 1]
+        cos, sin = state["cos"][:, :, t:t + 1], state["sin"][:, :, t:t + 1]
         for params, k, v in zip(w.layers, ks, vs):
-            x = _layer(w, x, params, k, v, L + t, c, s, key_bias[..., :L + t + 1])
+            x = _layer(w, x, params, k, v, L + t, cos, sin, state["key_bias"][..., :L + t + 1])
         logits = _logits(w, x[:, -1])
     return out
