@@ -120,3 +120,14 @@ def test_every_field_has_a_docstring_and_config_imports_no_torch():
     code = "import sys, grouprl.config; grouprl.config.GRPOConfig(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_report_to_wandb_needs_wandb_before_any_model_loads(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"includes wandb, which is not installed. Fix: pip install 'grouprl\[wandb\]'"):
+        GRPOConfig(report_to=["tensorboard", "wandb"]).check_names()
+    assert GRPOConfig(report_to="all").report_targets == ["tensorboard"]  # all = every installed sink
+    GRPOConfig(report_to="all").check_names()

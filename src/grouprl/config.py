@@ -222,7 +222,8 @@ class GRPOConfig:
     logging_steps: int = 1
     """Log metrics every N optimizer steps."""
     report_to: Any = "none"
-    """Extra sinks besides metrics.jsonl: ``tensorboard``, ``wandb``, a list of them, ``all`` or ``none``."""
+    """Extra sinks besides metrics.jsonl: ``tensorboard``, ``wandb``, a list of them, ``all`` (every installed
+    one) or ``none``. A sink named explicitly must be installed (checked before the model loads)."""
     run_name: str | None = None
     """Name for TensorBoard / W&B (``None`` = output_dir's name)."""
     log_completions_steps: int = 10
@@ -316,8 +317,10 @@ class GRPOConfig:
     @property
     def report_targets(self) -> list[str]:
         targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
-        if "all" in targets:
-            return ["tensorboard", "wandb"]
+        if "all" in targets:  # as in transformers: every installed integration
+            import importlib.util
+
+            return ["tensorboard"] + (["wandb"] if importlib.util.find_spec("wandb") is not None else [])
         return [t for t in targets if t not in ("none", "jsonl")]
 
     # ------------------------------------------------------------------------------------------
@@ -391,10 +394,17 @@ class GRPOConfig:
         _check_sandbox_keys(self.sandbox)
 
     def check_names(self) -> None:
-        """Check registry names and their keyword arguments (imports grouprl.algo, still no model)."""
+        """Check registry names and their keyword arguments, and that the report_to sinks are installed
+        (imports grouprl.algo, still no model)."""
         from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, load_builtins
 
         load_builtins()
+        if "wandb" in self.report_targets:
+            import importlib.util
+
+            if importlib.util.find_spec("wandb") is None:
+                raise ConfigError(f"report_to={self.report_to!r} includes wandb, which is not installed. Fix: "
+                                  f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
         POLICY_LOSSES.check_kwargs(self.policy_loss, self.loss_hparams(), where="policy_loss / loss_kwargs")
         ADVANTAGES.check_kwargs(self.advantage, dict(self.advantage_kwargs), where="advantage_kwargs")
         AGGREGATIONS.get(self.loss_aggregation)
