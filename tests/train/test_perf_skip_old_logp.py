@@ -54,10 +54,11 @@ def test_skipped_old_logp_gives_the_same_loss_and_gradients(tiny_model_dir, loss
     model = _model(tiny_model_dir)
     ctx = RunContext(_cfg(), model, None, None, None, None, None, contextlib.nullcontext, None)
     r = _rollout(model.config.vocab_size)
-    mbs = _micro_batches(ctx, {"rollout": r, "adv": torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])},
-                         Timers())[:2]  # the first optimizer step of the round
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])
+    mbs = _micro_batches(ctx, {"rollout": r, "adv": adv}, Timers())[:2]  # the round's first optimizer step
     hp = {"eps_low": 3e-4, "eps_high": 4e-4} if loss == "gspo" else {"eps_low": 0.2, "eps_high": 0.28}
-    spec = LossSpec(POLICY_LOSSES.get(loss), hp, AGGREGATIONS.get("token_mean"), KL_ESTIMATORS.get("k3"), 0.0, 1.0)
+    spec = LossSpec(POLICY_LOSSES.get(loss), hp, AGGREGATIONS.get("token_mean"), KL_ESTIMATORS.get("k3"),
+                    kl_coef=0.0, temperature=1.0)
     totals = step_totals(mbs, 6)
     plain_old = batched_logps(model, mbs, 1.0, contextlib.nullcontext)
     results = []

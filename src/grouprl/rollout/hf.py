@@ -94,8 +94,8 @@ class TransformersBackend:
                                          min_new_tokens=params.min_new_tokens, temperature=params.temperature,
                                          top_k=params.top_k, top_p=params.top_p, eos_token_ids=self.eos_ids,
                                          pad_token_id=self.tokenizer.pad_token_id)
-            return self._rollout(prompts, n, ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0),
-                                 completion_ids)
+            rows_ids, rows_mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
+            return self._rollout(prompts, n, rows_ids, rows_mask, completion_ids)
         ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
         gen_cfg = generation_config(params, self.tokenizer.pad_token_id, self.eos_ids)
         was_training = self.model.training

@@ -316,7 +316,8 @@ def _micro_batches(ctx: RunContext, batch: dict[str, Any], timers: Timers) -> li
         # log-probs are the current ones, which the loss takes as logp.detach() when old_logp is None.
         first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0
         with timers("old_logp_forward"):
-            for mb, lp in zip(mbs[first:], batched_logps(ctx.model, mbs[first:], cfg.temperature, ctx.autocast)):
+            moved = mbs[first:]
+            for mb, lp in zip(moved, batched_logps(ctx.model, moved, cfg.temperature, ctx.autocast)):
                 mb.old_logp = lp
     return mbs
 
