@@ -35,6 +35,7 @@ def test_seed_listing_runs(tiny_model_dir, tmp_path, monkeypatch, capsys):
     assert len(bf16) == 1 and "fp32" in str(bf16[0].message)  # CPU: one clear warning, then fp32
     out = capsys.readouterr().out
     assert "✅ GRPO 训练完成！" in out
+    assert "re-evaluate:  set `dataset` and `eval_split` in" in out  # the data came from Python, not the recipe
     trainer = namespace["trainer"]
     # G=8, 1 completion per micro-batch x 8 micro-batches = 1 prompt per optimizer step; 2 prompts, 1 epoch
     assert trainer.result["global_step"] == 2

@@ -109,7 +109,12 @@ def test_cli_train_then_eval(tiny_model_dir, tmp_path, capsys):
     assert [r["eval/tag"] for r in records if "eval/tag" in r] == ["before", "after"]
     assert [r["step"] for r in records if "reward" in r] == [1, 2]
     assert (out / "checkpoint-1" / "trainer_state.pt").is_file() and (out / "final" / "config.json").is_file()
-    rc = main(["eval", "-c", str(out / "config.yaml"), "--checkpoint", str(out / "final"), "--json"])
+    import shlex
+
+    printed = next(line for line in text.splitlines() if line.startswith("re-evaluate:"))
+    command = shlex.split(printed.split(":", 1)[1])  # run exactly what the summary tells the user to run
+    assert command[:2] == ["grouprl", "eval"]
+    rc = main(command[1:] + ["--json"])
     assert rc == 0
     result = json.loads(capsys.readouterr().out)
     assert result["num_prompts"] == 3 and 0.0 <= result["accuracy"] <= 1.0 and "pass@1" in result

@@ -164,6 +164,9 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
     if result.get("tensorboard_dir"):
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
-    lines.append(f"re-evaluate:  grouprl eval -c {recipe} --checkpoint "
-                 f"{shlex.quote(str(result.get('final_model')))}")
+    command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
+    if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
+        lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
+    else:
+        lines.append(f"re-evaluate:  {command}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)
