@@ -47,3 +47,15 @@ def test_transformers_bars_are_paused_while_the_live_bar_runs(tmp_path):
     logger.advance(1, {"reward": 0.5, "kl": 0.01, "policy/clip_frac": 0.125})
     logger.close()
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_without_a_terminal_each_logged_step_is_one_plain_line(tmp_path, capsys):
+    logger = MetricsLogger(tmp_path, [], run_name=None, total_steps=4, progress=True)  # capsys: not a tty
+    for step in (1, 2):
+        metrics = {"reward": 0.25 * step, "kl": float("nan"), "policy/clip_frac": 0.5}
+        if step == 2:  # logging_steps=2: only step 2 is logged
+            logger.log(step, metrics)
+        logger.advance(step, metrics)
+    logger.close()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("grouprl step")]
+    assert lines == ["grouprl step 2/4  reward 0.500  kl -  clip 0.500"]

@@ -116,8 +116,12 @@ class MetricsLogger:
             self._task = self._progress.add_task("train", total=total_steps, live="")
             self._progress.start()
             self._bars_paused = _pause_transformers_bars()
+        # not a terminal (a batch job's log file, a pipe): no live bar, so one plain line per logged step
+        self._plain = self._progress is not None and not self._progress.console.is_terminal
+        self._total, self._logged_step = total_steps, -1
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self._logged_step = step
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
@@ -138,6 +142,8 @@ class MetricsLogger:
 
         live = f"reward {fmt('reward', 3)}  kl {fmt('kl', 4)}  clip {fmt('policy/clip_frac', 3)}"
         self._progress.update(self._task, completed=step, live=live)
+        if self._plain and step == self._logged_step:
+            self._progress.console.print(f"grouprl step {step}/{self._total}  {live}", highlight=False)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         for row in rows:
