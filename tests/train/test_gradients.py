@@ -107,3 +107,24 @@ def test_logprobs_match_the_sampling_distribution_with_left_padding(tiny_model_d
                                     r.completion_mask[:1])
     mask = r.completion_mask[0].bool()
     torch.testing.assert_close(padded[0][mask], alone[0][mask], rtol=1e-4, atol=1e-5)
+
+
+# On-policy the ratio is 1, so each token's loss is -A_i. Lengths 7,3,5,1,7,6,2,4 (35 tokens), max_len 7:
+# sum_i A_i = 1.1 and sum_i A_i |y_i| = 7 - 1.5 + 1.5 - 1.2 + 5.6 + 0 - 0.8 + 4.4 = 15.
+@pytest.mark.parametrize(("aggregation", "expected"), [("seq_mean_token_mean", -1.1 / 8), ("token_mean", -15 / 35),
+                                                       ("seq_mean_token_sum_norm", -15 / (8 * 7))])
+def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, expected):
+    from grouprl.train.step import combine
+
+    load_builtins()
+    model = _model(tiny_model_dir)
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])  # not centred: the value is not ~0
+    spec = LossSpec(POLICY_LOSSES.get("grpo"), {"eps_low": 0.2, "eps_high": 0.2}, AGGREGATIONS.get(aggregation),
+                    KL_ESTIMATORS.get("k3"), 0.0, 1.0)
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_new_tokens=7)
+    ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
+    mbs = _micro_batches(ctx, {"rollout": _rollout(model.config.vocab_size), "adv": adv}, Timers())
+    totals, acc = step_totals(mbs, cfg.max_new_tokens), {}
+    for mb in mbs:  # two micro-batches of 4, normalised by the whole step's totals
+        combine(acc, micro_batch_loss(model, mb, spec, totals)[1])
+    assert len(mbs) == 2 and float(acc["loss/policy"]) == pytest.approx(expected, rel=1e-5)
