@@ -185,3 +185,19 @@ def test_warmup_then_schedule(kind, expected):
         optimizer.step()
         scheduler.step()
     assert lrs == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("scale", "first_group"), [
+    ("group", [0.75 / 0.1875 ** 0.5, -0.25 / 0.1875 ** 0.5]),  # group std of (1,0,0,0) = sqrt(3/16)
+    ("batch", [1.5, -0.5]),  # std of all 8 rewards (1,0,0,0,1,1,1,0) = 0.5
+    ("none", [0.75, -0.25]),  # r - group mean only
+])
+def test_scale_rewards_reaches_the_advantage_estimator(scale, first_group):
+    from grouprl.train.loop import advantage_function
+
+    load_builtins()
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    cfg = GRPOConfig(scale_rewards=scale, num_generations=4, per_device_train_batch_size=4)
+    adv = advantage_function(cfg)(rewards)
+    torch.testing.assert_close(adv[0, :2], torch.tensor(first_group), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(adv[1], -adv[0].flip(0), rtol=1e-5, atol=1e-6)  # the mirrored group
