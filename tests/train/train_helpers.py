@@ -30,6 +30,11 @@ def char_reward(completions, prompts=None, **kwargs):
     return out
 
 
+def alpha_fraction(completion, *, answer=None, **kwargs):
+    """Per-sample form of char_reward, for recipes (``reward_funcs: [train_helpers:alpha_fraction]``)."""
+    return char_reward([completion])[0]
+
+
 def length_reward(completions, prompts=None, **kwargs):
     return [len(c if isinstance(c, str) else c[0]["content"]) % 5 / 4 for c in completions]
 
