@@ -410,6 +410,18 @@ class GRPOConfig:
         AGGREGATIONS.get(self.loss_aggregation)
         KL_ESTIMATORS.get(self.kl_estimator)
 
+    def check_reward_kwargs(self, reward_funcs: Any = None) -> None:
+        """Every ``reward_kwargs`` key names a reward in use (``reward_funcs`` or ``eval_reward``): options for a
+        misspelt or unused reward would otherwise be ignored without a word."""
+        funcs = self.reward_funcs if reward_funcs is None else reward_funcs
+        used = [r for r in (funcs if isinstance(funcs, (list, tuple)) else [funcs]) if isinstance(r, str)]
+        used.append(self.eval_reward)
+        for key in self.reward_kwargs:
+            if key not in used:
+                raise ConfigError(f"reward_kwargs has options for {key!r}, which is not among the rewards in use "
+                                  f"({', '.join(dict.fromkeys(used))}).{did_you_mean(str(key), used)} Fix: use the "
+                                  f"reward's name as given in reward_funcs or eval_reward, or add it there.")
+
     def configure_sandbox(self) -> Any:
         """Apply the ``sandbox`` section (``grouprl.sandbox.configure``) when it is set or a ``code`` reward is
         used; raises ConfigError / SandboxUnavailable now if the isolation level cannot be had. Returns the

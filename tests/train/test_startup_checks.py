@@ -95,3 +95,17 @@ def test_unreachable_hub_fails_fast_with_the_fixes(no_model_load, monkeypatch):
     msg = str(e.value)
     assert "model='no-such-org/no-such-model-xyz'" in msg and "unreachable" in msg and "Name or service" in msg
     assert "hf download no-such-org/no-such-model-xyz" in msg and "HF_ENDPOINT" in msg
+
+
+def test_options_for_a_reward_not_in_use_are_an_error(no_model_load, tiny_model_dir):
+    cfg = GRPOConfig(reward_funcs=["accuracy"], reward_kwargs={"acuracy": {"task_type": "math"}}, num_generations=4,
+                     per_device_train_batch_size=4)
+    with pytest.raises(ConfigError, match=r"options for 'acuracy', which is not among .* Did you mean 'accuracy'\?"):
+        cfg.check_reward_kwargs()
+    # the trainer checks against the reward functions it is actually given
+    cfg = GRPOConfig(reward_kwargs={"format": {}}, eval_reward="exact", num_generations=4,
+                     per_device_train_batch_size=4)
+    with pytest.raises(ConfigError, match="options for 'format'"):
+        GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=TRAIN_ROWS, reward_funcs=["exact"])
+    with pytest.raises(AssertionError, match="a model was loaded"):  # in use: accepted
+        GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=TRAIN_ROWS, reward_funcs=["format"])

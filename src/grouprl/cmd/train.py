@@ -27,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.check_names()
+    cfg.check_reward_kwargs()
     cfg.configure_sandbox()
     if args.dry_run:
         import yaml

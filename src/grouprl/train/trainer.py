@@ -39,6 +39,7 @@ class GRPOTrainer:
                               f"`from grouprl import GRPOConfig`.")
         cfg.validate()
         cfg.check_names()  # registry names and kwargs: fail before any model loads
+        cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         cfg.configure_sandbox()  # an isolation level this machine cannot give fails here, not mid-run
         source = model if model is not None else cfg.model
         if source is None:
