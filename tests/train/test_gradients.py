@@ -128,3 +128,33 @@ def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, 
     for mb in mbs:  # two micro-batches of 4, normalised by the whole step's totals
         combine(acc, micro_batch_loss(model, mb, spec, totals)[1])
     assert len(mbs) == 2 and float(acc["loss/policy"]) == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
+def test_gradients_are_clipped_to_max_grad_norm_and_the_norm_before_is_logged(tiny_model_dir, max_grad_norm):
+    from grouprl.train.loop import optimizer_step
+
+    load_builtins()
+    model = _model(tiny_model_dir)
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                     max_new_tokens=7, max_grad_norm=max_grad_norm)
+    spec = LossSpec(POLICY_LOSSES.get("grpo"), {"eps_low": 0.2, "eps_high": 0.2}, AGGREGATIONS.get("token_mean"),
+                    KL_ESTIMATORS.get("k3"), 0.0, 1.0)
+    ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])
+    mbs = _micro_batches(ctx, {"rollout": _rollout(model.config.vocab_size), "adv": adv}, Timers())
+    seen = []
+
+    class Spy(torch.optim.SGD):  # records the gradient norm the optimizer actually applies
+        def step(self, closure=None):
+            seen.append(float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()]))))
+            return super().step(closure)
+
+    opt = Spy(model.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    out = optimizer_step(ctx, mbs, spec, opt, sched, Timers())
+    assert out["grad_norm"] > 1e-2  # logged before clipping
+    if max_grad_norm:
+        assert seen[0] == pytest.approx(max_grad_norm, rel=1e-3)
+    else:  # 0 = no clipping
+        assert seen[0] == pytest.approx(out["grad_norm"], rel=1e-5)
