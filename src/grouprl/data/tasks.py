@@ -11,10 +11,14 @@ Demonstrations (for the bundled SFT warm start, :mod:`grouprl.warmstart`) use th
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
 ``accuracy`` reward reads (or ``Answer: 16`` alone, without the working).
 
-Splits are disjoint by construction: every problem has a key (its template and numbers); a SHA-256 of
-the key puts it in ``test`` (1 in ``TEST_BUCKETS``) or ``train``. Each split is drawn from its own seeded
-``random.Random`` and keeps only problems of its own bucket, so the same ``(task, split, seed, n)``
-always gives the same rows on any machine and the two splits never share a problem.
+Splits are disjoint by construction: every problem has a key (arithmetic: template, numbers and item;
+countdown: the numbers and the target); a SHA-256 of the key puts it in ``test`` (1 in ``TEST_BUCKETS``)
+or ``train``. Each split is drawn from its own seeded ``random.Random`` and keeps only problems of its own
+bucket, so the same ``(task, split, seed, n)`` always gives the same rows on any machine and the two
+splits never share a problem. With the default small numbers (operands up to 9, factors up to 5) there
+are only ~2,500 number combinations, so a held-out arithmetic problem is new text, but its numbers
+usually occur in some training problem with another wording: the split tests the policy, not unseen
+arithmetic facts. Widen ``max_value`` / ``max_factor`` for a harder held-out split.
 
 ``reasoning-gym`` (https://github.com/open-thought/reasoning-gym) works offline and has a countdown
 task, but its problems (4-6 numbers up to 100, long instructions) are far beyond a CPU-sized model and it
