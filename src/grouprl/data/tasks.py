@@ -16,9 +16,10 @@ countdown: the numbers and the target); a SHA-256 of the key puts it in ``test``
 or ``train``. Each split is drawn from its own seeded ``random.Random`` and keeps only problems of its own
 bucket, so the same ``(task, split, seed, n)`` always gives the same rows on any machine and the two
 splits never share a problem. With the default small numbers (operands up to 9, factors up to 5) there
-are only ~2,500 number combinations, so a held-out arithmetic problem is new text, but its numbers
-usually occur in some training problem with another wording: the split tests the policy, not unseen
-arithmetic facts. Widen ``max_value`` / ``max_factor`` for a harder held-out split.
+are only 1,769 (template, numbers) combinations: 181 of the 200 default held-out problems have the
+template and numbers of some problem in the default 5,000-row train split, with another item and name.
+The split tests the policy (how it answers), not unseen arithmetic facts; widen ``max_value`` /
+``max_factor`` for a harder held-out split.
 
 ``reasoning-gym`` (https://github.com/open-thought/reasoning-gym) works offline and has a countdown
 task, but its problems (4-6 numbers up to 100, long instructions) are far beyond a CPU-sized model and it
