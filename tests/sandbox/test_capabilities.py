@@ -56,3 +56,32 @@ def test_cli_check_runs_a_trial_job(capsys):
     assert main(["sandbox", "check"]) == 0
     out = capsys.readouterr().out
     assert "isolation strict" in out and "trial job ok" in out
+
+
+@pytest.mark.skipif(detect().bwrap is None, reason="bubblewrap not installed")
+def test_strict_works_when_the_checkout_and_its_venv_live_under_tmp(tmp_path):
+    # CI may clone the project under /tmp; the sandbox mounts a private tmpfs at /tmp, which used to hide
+    # the venv's interpreter ("bwrap: execvp /tmp/.../.venv/bin/python: No such file or directory").
+    import os
+    import site
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import grouprl
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    src = str(Path(grouprl.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, *site.getsitepackages()])}
+    code = (
+        "from grouprl.sandbox.capabilities import detect; from grouprl.sandbox import run_tests\n"
+        "assert detect().strict, detect().strict_missing\n"
+        "r = run_tests('def f():\\n    return 1\\n', ['assert f() == 1', 'assert f() == 2'], timeout=20,"
+        " isolation='strict')\n"
+        "print(r.passed, r.total)"
+    )
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["1", "2"]

@@ -101,6 +101,14 @@ def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpf
              "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE_WORKDIR,
              "--perms", "1777", "--size", str(8 << 20), "--tmpfs", "/dev/shm",
              "--chdir", INSIDE_WORKDIR]
+    # A checkout (and so its .venv) under /tmp is hidden by the private tmpfs just mounted there: bind the
+    # interpreter's directories back, read-only, on top of it (bwrap resolves bind sources on the host).
+    for p in python_paths():
+        if p.startswith(INSIDE_WORKDIR + "/"):
+            parts = Path(p).relative_to(INSIDE_WORKDIR).parts
+            for i in range(1, len(parts)):
+                argv += ["--dir", str(Path(INSIDE_WORKDIR, *parts[:i]))]
+            argv += ["--ro-bind", p, p]
     argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
     return argv + ["--"]
 
