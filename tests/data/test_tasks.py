@@ -78,6 +78,9 @@ def test_accuracy_recipe_scores_demonstrations():
     rng = random.Random(1)
     wrong = [demonstration("arithmetic", r, wrong_answer=plausible_wrong_answer(r, rng)) for r in rows]
     assert reward(right, answer=answers) == [1.0] * 30
+    # the trainer decodes with skip_special_tokens=True: the tiny tokenizer's <think> tags vanish
+    stripped = [c.replace("<think>", "").replace("</think>", "") for c in right]
+    assert reward(stripped, answer=answers) == [1.0] * 30
     assert reward(direct, answer=answers) == [1.0] * 30
     assert reward(wrong, answer=answers) == [0.0] * 30
 
@@ -91,7 +94,10 @@ def test_accuracy_recipe_scores_demonstrations():
         ("<answer>20</answer>", 0.0),  # the target alone: a number that was not given
         ("<answer>4*4+4</answer>", 0.0),  # 4 used three times
         ("<answer>(2+3)*4</answer><answer>1</answer>", 0.0),  # the last answer counts
-        ("(2+3)*4", 0.0),  # no answer tags
+        ("(2+3)*4", 0.0),  # no answer tags or line
+        ("<think>2+3=5, 5*4=20</think>Answer: (2+3)*4", 1.0),  # the demonstrations' format
+        ("2+3=5, 5*4=20Answer: (2+3)*4", 1.0),  # the same with the special <think> tags decoded away
+        ("Answer: (2+3)*4\nAnswer: 2*3", 0.0),  # the last answer line counts
         ("<answer>__import__('os')</answer>", 0.0),  # not arithmetic: never evaluated
         ("<answer>2**3*4</answer>", 0.0),  # powers are not allowed
     ],

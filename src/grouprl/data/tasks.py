@@ -193,16 +193,22 @@ def _safe_eval(expr: str) -> int | None:
 
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
+_ANSWER_LINE_RE = re.compile(r"Answer:[ \t]*([^\n]*)")
 
 
 def countdown_reward(completion: str, *, numbers=None, target=None, answer=None, **meta) -> float | None:
-    """1.0 if the expression in ``<answer>...</answer>`` uses each given number at most once and equals the target.
+    """1.0 if the final expression uses each given number at most once and equals the target, else 0.0.
 
+    The expression is the last ``<answer>...</answer>`` block, or else the rest of the last
+    ``Answer:`` line (what remains when a trainer decodes without special tokens and the tags vanish).
+
+    >>> countdown_reward("<think>2+3=5, 5*4=20</think>Answer: (2+3)*4", numbers=[2, 3, 4], target=20)
+    1.0
     >>> countdown_reward("<answer>(2+3)*4</answer>", numbers=[2, 3, 4], target=20)
     1.0
-    >>> countdown_reward("<answer>20</answer>", numbers=[2, 3, 4], target=20)   # just the target: a hack
+    >>> countdown_reward("Answer: 20", numbers=[2, 3, 4], target=20)   # just the target: a hack
     0.0
-    >>> countdown_reward("<answer>4*4+4</answer>", numbers=[2, 3, 4], target=20)  # a number used twice
+    >>> countdown_reward("Answer: 4*4+4", numbers=[2, 3, 4], target=20)  # a number used twice
     0.0
 
     Returns ``None`` (no opinion) when the row has no ``numbers`` or ``target``.
@@ -212,7 +218,7 @@ def countdown_reward(completion: str, *, numbers=None, target=None, answer=None,
     if numbers is None or (target is None and answer is None):
         return None
     goal = int(target if target is not None else answer)
-    found = _ANSWER_RE.findall(completion)
+    found = _ANSWER_RE.findall(completion) or _ANSWER_LINE_RE.findall(completion)
     if not found:
         return 0.0
     expr = found[-1].strip()
@@ -295,13 +301,13 @@ def demonstration(task: str, row: dict, *, wrong_answer: str | None = None, show
 
     ``wrong_answer`` replaces the result (both at the end of the working and in the answer) to build
     noisy demos; ``show_work=False`` gives the answer alone, ``Answer: RESULT``. For countdown the
-    working is the expression with its value and the answer is the expression in ``<answer>`` tags
+    working is the expression with its value and the answer line holds the expression
     (what :func:`countdown_reward` reads).
     """
     get_task(task)
     if task == "countdown":
         expr = row["work"] if wrong_answer is None else wrong_answer
-        return f"<think>{expr}={row['answer']}</think><answer>{expr}</answer>" if show_work else f"<answer>{expr}</answer>"
+        return f"<think>{expr}={row['answer']}</think>Answer: {expr}" if show_work else f"Answer: {expr}"
     if wrong_answer is None:
         work, result = row["work"], row["answer"]
     else:  # the demonstrator slips at the last step: its working ends in the wrong result
