@@ -53,10 +53,18 @@ def _inaccessible_ancestors(path: str) -> list[str]:
     return out
 
 
+def sandbox_python() -> str:
+    """The interpreter strict jobs run: the base install behind our venv, not the venv itself.
+
+    The judge and the program server need only the standard library, and the venv may live where the
+    sandbox mounts its private tmpfs (a checkout under /tmp), which would hide it."""
+    base = os.path.realpath(getattr(sys, "_base_executable", "") or sys.executable)
+    return base if os.path.exists(base) else sys.executable
+
+
 def python_paths() -> list[str]:
-    """Directories the sandboxed interpreter needs: its install prefix and the venv's."""
-    paths = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix),
-             os.path.dirname(os.path.realpath(sys.executable))}
+    """Directories the sandboxed interpreter needs: its install prefix and its executable's directory."""
+    paths = {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.realpath(sandbox_python()))}
     return sorted(paths)
 
 
@@ -99,7 +107,7 @@ def detect() -> Capabilities:
     from grouprl.sandbox.runner import bwrap_argv
 
     root = os.geteuid() == 0
-    python = sys.executable
+    python = sandbox_python()
     masked = sorted({a for p in python_paths() for a in _inaccessible_ancestors(p + "/x")})
     bwrap = shutil.which("bwrap") or next((p for p in ("/usr/bin/bwrap", "/bin/bwrap") if os.path.exists(p)), None)
     missing: list[str] = []

@@ -24,7 +24,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -101,8 +100,8 @@ def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpf
              "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE_WORKDIR,
              "--perms", "1777", "--size", str(8 << 20), "--tmpfs", "/dev/shm",
              "--chdir", INSIDE_WORKDIR]
-    # A checkout (and so its .venv) under /tmp is hidden by the private tmpfs just mounted there: bind the
-    # interpreter's directories back, read-only, on top of it (bwrap resolves bind sources on the host).
+    # An interpreter installed under /tmp is hidden by the private tmpfs just mounted there: bind its
+    # directories back, read-only, on top of it (bwrap resolves bind sources on the host).
     for p in python_paths():
         if p.startswith(INSIDE_WORKDIR + "/"):
             parts = Path(p).relative_to(INSIDE_WORKDIR).parts
@@ -220,7 +219,7 @@ def run_tests(
         judge_src, server_src = scripts()
         # basic has no mount namespace: after the judge drops to the job's uid it (and the program) must
         # still be able to read the interpreter's stdlib, so both use one the uid can reach
-        python = sys.executable if level == "strict" else caps.basic_python
+        python = caps.python if level == "strict" else caps.basic_python
         if suite["kind"] == "call":  # Python values (tuples, sets, bytes...) survive the trip to the judge
             suite = {**suite, "cases": [{k: wire.encode(v) for k, v in case.items()} for case in suite["cases"]]}
         nonce = secrets.token_hex(16)
