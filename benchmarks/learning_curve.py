@@ -30,7 +30,8 @@ def run_one(recipe: str, algorithm: str, eval_steps: int, out_dir: Path, overrid
 
     run_dir = out_dir / algorithm
     cfg = GRPOConfig.from_yaml(recipe, [*overrides, f"algorithm={algorithm}", f"eval_steps={eval_steps}",
-                                        f"output_dir={run_dir}", "progress_bar=false", "report_to=none"])
+                                        f"output_dir={run_dir}", "overwrite_output_dir=true", "progress_bar=false",
+                                        "report_to=none"])
     t0 = time.perf_counter()
     trainer = GRPOTrainer(config=cfg)
     setup_s = time.perf_counter() - t0

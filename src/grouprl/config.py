@@ -66,6 +66,11 @@ class GRPOConfig:
     # ---- where things come from and go -------------------------------------------------------
     output_dir: str = "outputs/grouprl"
     """Directory for checkpoints, ``metrics.jsonl``, ``samples.jsonl`` and TensorBoard logs."""
+    overwrite_output_dir: bool = False
+    """A fresh (non-resume) run into an output_dir that holds an earlier run's checkpoints or final model is
+    an error unless this is true; when true, the earlier run's checkpoint-*/, final/, metrics.jsonl,
+    samples.jsonl and TensorBoard events are deleted at start so nothing of it mixes with the new run.
+    Ignored when resuming (``--resume`` / resume_from_checkpoint)."""
     model: str | None = None
     """Hub id, local path or ``builtin:<name>``; not needed when a loaded model is passed to the trainer."""
     dataset: str | None = None
@@ -170,6 +175,10 @@ class GRPOConfig:
     """Gradient clipping norm (0 = no clipping; the norm is still logged)."""
     seed: int = 42
     """Seed for data order, sampling and initialisation."""
+    torch_num_threads: int | None = None
+    """CPU threads for torch (``torch.set_num_threads``, applied at start-up before the model loads);
+    ``None`` = leave torch's default (which follows OMP_NUM_THREADS; the Makefile's ``run`` target sets
+    OMP_NUM_THREADS=1). Pin it in a recipe for repeatable runs: same seed + same threads -> same run."""
 
     # ---- generation ---------------------------------------------------------------------------
     max_new_tokens: int = 256
@@ -389,6 +398,11 @@ class GRPOConfig:
         if self.rollout_backend != "transformers" and ":" not in self.rollout_backend:
             raise ConfigError(f"rollout_backend={self.rollout_backend!r}: use 'transformers' or a plug-in "
                               f"'package.module:Class' implementing grouprl.rollout.base.Backend.")
+        if self.torch_num_threads is not None and (isinstance(self.torch_num_threads, bool)
+                                                   or not isinstance(self.torch_num_threads, int)
+                                                   or self.torch_num_threads < 1):
+            raise ConfigError(f"torch_num_threads={self.torch_num_threads!r} must be a whole number >= 1 "
+                              f"(or null to leave torch's default).")
         if self.top_k < 0:
             raise ConfigError(f"top_k={self.top_k} must be >= 0 (0 = off).")
         _check_sandbox_keys(self.sandbox)
@@ -433,6 +447,15 @@ class GRPOConfig:
         from grouprl.sandbox.config import configure
 
         return configure(dict(self.sandbox))
+
+    def apply_torch_threads(self) -> int | None:
+        """``torch.set_num_threads(torch_num_threads)`` when set (call before the model loads); returns it."""
+        if self.torch_num_threads is None:
+            return None
+        import torch
+
+        torch.set_num_threads(self.torch_num_threads)
+        return self.torch_num_threads
 
     def loss_hparams(self) -> dict[str, Any]:
         """Keyword arguments for the policy loss: the clip range plus loss_kwargs."""

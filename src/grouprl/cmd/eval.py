@@ -20,18 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import sys
 
     from grouprl.config import GRPOConfig
-    from grouprl.errors import ConfigError
 
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.configure_sandbox()
-    temperature = cfg.eval_temperature if args.temperature is None else args.temperature
-    n = args.num_samples or cfg.eval_num_samples
-    if n > 1 and temperature == 0:
-        raise ConfigError(f"--num-samples {n} with greedy decoding gives {n} identical samples: add "
-                          f"--temperature 0.7 (or similar) for pass@k.")
-    ks = tuple(args.k) if args.k else tuple(sorted({1, n}))
+    temperature, n, ks = decoding_plan(cfg, args.temperature, args.num_samples, args.k)
+    if temperature == 0 and args.num_samples is None and cfg.eval_num_samples > 1:
+        print(f"note: greedy decoding (--temperature 0): 1 sample per prompt instead of the recipe's "
+              f"eval_num_samples={cfg.eval_num_samples}; pass@k is not computed for greedy decoding.",
+              file=sys.stderr)
     result = evaluate_checkpoint(cfg, args.checkpoint, temperature=temperature, num_samples=n, ks=ks,
                                  limit=args.limit)
     samples = result.pop("samples", [])
@@ -40,13 +39,40 @@ def run(args: argparse.Namespace) -> int:
         return 0
     decoding = "greedy" if temperature == 0 else f"sampled, T={temperature}, n={n}"
     print(f"held-out accuracy: {result['accuracy']:.4f}  ({result['num_prompts']} prompts, {decoding})")
-    for k in ks:
+    for k in ks if temperature > 0 else ():  # greedy: one sample per prompt, accuracy is the whole story
         if f"pass@{k}" in result:
             print(f"pass@{k}: {result[f'pass@{k}']:.4f}")
     print(f"mean completion length: {result['completion_length']:.1f} tokens")
     if samples:
         print(f"example: {samples[0]['completion']!r} -> reward {samples[0]['reward']}")
     return 0
+
+
+def decoding_plan(cfg, temperature: float | None, num_samples: int | None,
+                  k: list[int] | None) -> tuple[float, int, tuple[int, ...]]:
+    """(temperature, samples per prompt, pass@k values) from the flags, falling back on the recipe.
+
+    Greedy decoding (temperature 0) gives one answer per prompt, so a recipe's eval_num_samples > 1 (meant for
+    its sampled evaluation) becomes 1 under ``--temperature 0``; an explicit ``-n`` > 1 or ``--k`` > 1 with
+    greedy decoding is an error."""
+    from grouprl.errors import ConfigError
+
+    temperature = cfg.eval_temperature if temperature is None else temperature
+    if temperature < 0:
+        raise ConfigError(f"--temperature {temperature} must be >= 0 (0 = greedy).")
+    if num_samples is not None and num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples} must be >= 1.")
+    if temperature == 0:
+        if num_samples is not None and num_samples > 1:
+            raise ConfigError(f"--num-samples {num_samples} with greedy decoding (--temperature 0) gives "
+                              f"{num_samples} identical samples, so pass@k would be meaningless. Fix: drop -n "
+                              f"for greedy accuracy, or add --temperature 0.7 (or similar) for pass@k.")
+        if k and max(k) > 1:
+            raise ConfigError(f"--k {' '.join(map(str, k))} with greedy decoding: pass@k needs several sampled "
+                              f"completions per prompt. Fix: drop --k, or add --temperature 0.7 and -n.")
+        return temperature, 1, (1,)
+    n = num_samples or cfg.eval_num_samples
+    return temperature, n, tuple(k) if k else tuple(sorted({1, n}))
 
 
 def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_samples: int,
@@ -79,6 +105,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     if source is None:
         raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
     check_model_source(source)
+    cfg.apply_torch_threads()  # before the model loads
     device = pick_device(cfg.device)
     if checkpoint and (Path(checkpoint) / "adapter_config.json").is_file():
         from peft import PeftModel

@@ -29,6 +29,9 @@ def run(args: argparse.Namespace) -> int:
     cfg.check_names()
     cfg.check_reward_kwargs()
     cfg.configure_sandbox()
+    from grouprl.train.output_dir import check_output_dir
+
+    check_output_dir(cfg, args.resume)  # an earlier run's checkpoints: refuse before any model loads
     if args.dry_run:
         import yaml
 

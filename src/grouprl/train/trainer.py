@@ -41,6 +41,7 @@ class GRPOTrainer:
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         cfg.configure_sandbox()  # an isolation level this machine cannot give fails here, not mid-run
+        cfg.apply_torch_threads()  # before the model loads: same seed + same threads -> same run
         source = model if model is not None else cfg.model
         if source is None:
             raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
@@ -87,10 +88,19 @@ class GRPOTrainer:
         return ds
 
     def train(self, resume_from_checkpoint: Any = None) -> dict[str, Any]:
-        """Run the loop; print a summary; the final model goes to ``<output_dir>/final``."""
+        """Run the loop; print a summary; the final model goes to ``<output_dir>/final``.
+
+        A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
+        earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
+        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``)."""
         from grouprl.train.loop import save_final, train
+        from grouprl.train.output_dir import prepare_output_dir
 
         cfg = self.config
+        removed = prepare_output_dir(cfg, resume_from_checkpoint)  # refuses to mix with an earlier run
+        if removed:
+            print(f"grouprl: removed {len(removed)} item(s) of an earlier run from {cfg.output_dir} "
+                  f"({', '.join(sorted({p.name for p in removed})[:6])}{', ...' if len(removed) > 6 else ''})")
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
         cfg.to_yaml(Path(cfg.output_dir) / "config.yaml")
         self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,

@@ -1,0 +1,120 @@
+"""What a fresh run may find in its ``output_dir``, and what it does about it (torch-free: checked before any
+model loads).
+
+A run writes ``checkpoint-<step>/`` (and ``.tmp-checkpoint-<step>/`` while saving), ``final/``,
+``metrics.jsonl``, ``samples.jsonl``, ``tensorboard/events.out.tfevents.*`` and ``config.yaml``. A fresh
+(non-resume) run into a directory that holds an earlier run's checkpoints or final model would mix the two:
+``--resume`` could later pick the old run's newest checkpoint, and ``save_total_limit`` could delete the new
+run's checkpoints while keeping the old, higher-numbered ones. So, as in HF's ``overwrite_output_dir``:
+
+* resuming: nothing is checked or removed;
+* earlier checkpoints / final model and ``overwrite_output_dir`` false: ``ConfigError`` naming the directory,
+  the newest checkpoint and the fixes;
+* otherwise the earlier run's artefacts listed above are removed (only those names; the directory itself and
+  any other file in it are left alone), so nothing of the old run mixes with the new one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import ConfigError
+
+CHECKPOINT = re.compile(r"^(?:\.tmp-)?checkpoint-(\d+)$")
+LOG_FILES = ("metrics.jsonl", "samples.jsonl")
+TB_DIR = "tensorboard"
+
+
+def is_resuming(resume: Any, cfg: Any) -> bool:
+    """The loop's rule: the ``train(resume_from_checkpoint=)`` argument wins, else the config field."""
+    value = resume if resume is not None else cfg.resume_from_checkpoint
+    return value not in (None, False, "", "false")
+
+
+def earlier_run(output_dir: str | Path) -> dict[str, Any]:
+    """The artefacts of an earlier run in ``output_dir``: checkpoints (complete, by step), leftover
+    ``.tmp-checkpoint-*``, ``final/``, log files and TensorBoard event files."""
+    root = Path(output_dir)
+    found: dict[str, Any] = {"checkpoints": [], "partial": [], "final": None, "logs": []}
+    if not root.is_dir():
+        return found
+    steps = []
+    for p in root.iterdir():
+        m = CHECKPOINT.match(p.name)
+        if m and p.is_dir():
+            (found["partial"] if p.name.startswith(".tmp-") else steps).append((int(m.group(1)), p))
+    found["checkpoints"] = [p for _, p in sorted(steps)]
+    found["partial"] = [p for _, p in sorted(found["partial"])]
+    if (root / "final").is_dir():
+        found["final"] = root / "final"
+    found["logs"] = [root / name for name in LOG_FILES if (root / name).exists()]
+    tb = root / TB_DIR
+    if tb.is_dir() and not tb.is_symlink():
+        found["logs"] += sorted(tb.glob("events.out.tfevents.*"))
+    return found
+
+
+def check_output_dir(cfg: Any, resume: Any = None) -> dict[str, Any] | None:
+    """Raise ConfigError when a fresh run would mix with an earlier one; return what would be removed
+    (``None`` when resuming). Reads only: safe for ``--dry-run`` and before any model loads."""
+    if is_resuming(resume, cfg):
+        return None
+    found = earlier_run(cfg.output_dir)
+    if (found["checkpoints"] or found["final"]) and not cfg.overwrite_output_dir:
+        raise ConfigError(_refusal(cfg.output_dir, found))
+    _check_not_inside(cfg, found)
+    return found
+
+
+def prepare_output_dir(cfg: Any, resume: Any = None) -> list[Path]:
+    """Check (as :func:`check_output_dir`), then remove the earlier run's artefacts. Returns the removed paths."""
+    found = check_output_dir(cfg, resume)
+    if found is None:
+        return []
+    removed = []
+    for path in [*found["checkpoints"], *found["partial"], *([found["final"]] if found["final"] else []),
+                 *found["logs"]]:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        else:
+            shutil.rmtree(path)
+        removed.append(path)
+    tb = Path(cfg.output_dir) / TB_DIR
+    if tb.is_dir() and not tb.is_symlink() and not any(tb.iterdir()):
+        tb.rmdir()
+    return removed
+
+
+def _refusal(output_dir: str | Path, found: dict[str, Any]) -> str:
+    newest = found["checkpoints"][-1] if found["checkpoints"] else None
+    held = (f"checkpoints of an earlier run (newest: {newest.name}, {len(found['checkpoints'])} in all)"
+            if newest else "the final model of an earlier run (final/)")
+    fixes = []
+    if newest:
+        fixes.append(f"`--resume` (or resume_from_checkpoint=true) to continue it from {newest.name}")
+    fixes.append("`overwrite_output_dir=true` to delete its checkpoints, final model and logs and start afresh")
+    fixes.append("another output_dir=...")
+    return (f"output_dir {str(output_dir)!r} already holds {held}; a fresh run there would mix with it. "
+            f"Fix: " + "; or ".join(fixes) + ".")
+
+
+def _check_not_inside(cfg: Any, found: dict[str, Any]) -> None:
+    """Never delete the model or data the new run reads (e.g. model=<output_dir>/final with overwrite)."""
+    doomed = [p.resolve() for p in [*found["checkpoints"], *found["partial"]]
+              + ([found["final"]] if found["final"] else [])]
+    for name in ("model", "dataset"):
+        value = getattr(cfg, name, None)
+        if not isinstance(value, str) or not value or value.startswith("builtin:"):
+            continue
+        src = Path(value).expanduser()
+        if not src.exists():
+            continue
+        src = src.resolve()
+        for d in doomed:
+            if src == d or d in src.parents:
+                raise ConfigError(f"{name}={value!r} lies in {str(d)!r}, which this fresh run would delete from "
+                                  f"output_dir {str(cfg.output_dir)!r} (overwrite_output_dir=true). Fix: use another "
+                                  f"output_dir, or copy the {name} elsewhere first.")
