@@ -43,6 +43,15 @@ HACKS = [
     ),
     ("many formats (answer lines)", "Answer: 78\nAnswer: 78.5\nAnswer: 78.54\nAnswer: 79", "math", 0.0),
     (
+        "many formats (answer tags)",
+        f"<think>{REASON}</think><answer>78</answer><answer>78.54</answer><answer>79</answer>",
+        "math",
+        0.0,
+    ),
+    ("many formats (answer tags)", "<answer>78</answer><answer>78.54</answer><answer>79</answer>", "robust", 0.0),
+    ("answer tags against a boxed answer", f"<think>{REASON}</think>\\boxed{{79}}<answer>78.54</answer>", "math", 0.0),
+    ("number spam in answer tags", f"<think>{REASON}</think><answer>{SPAM}</answer>", "math", 0.0),
+    (
         "many formats after think",
         f"<think>{REASON}</think>\\boxed{{78}} \\boxed{{78.54}} \\boxed{{80}}",
         "robust",
@@ -68,6 +77,7 @@ HACKS = [
 
 def test_honest_baseline():
     assert REWARDS["math"](HONEST) == 1.0
+    assert REWARDS["math"](f"<think>{REASON}</think><answer>78.54</answer>") == 1.0  # DeepSeek-R1 format
     assert REWARDS["robust"](HONEST) == 1.0
     assert REWARDS["format"](HONEST) == pytest.approx(0.4)
     assert REWARDS["composite"](HONEST) == pytest.approx(0.88)

@@ -48,6 +48,10 @@ SEED = (
         ("Answer: 78\nAnswer: 79", False, HEDGE),
         # the same answer twice is not hedging
         ("\\boxed{0.5} i.e. \\boxed{\\frac{1}{2}}", False, "\\frac{1}{2}"),
+        # <answer> blocks (DeepSeek-R1 format) are a final-answer region, with or without <think>
+        ("<think>20 + 18 = 38</think><answer>38</answer>", True, "38"),
+        ("<answer> 38 </answer>", True, "38"),
+        ("<answer>38</answer><answer>39</answer>", False, HEDGE),
     ],
 )
 def test_extract_answer(completion, strict, expected):
@@ -167,3 +171,46 @@ def test_works_outside_the_main_thread():
 )
 def test_realistic_final_answers(completion, gold, expected):
     assert math_reward(completion, answer=gold) == expected
+
+
+R1 = "<think>Kim has 4 bags of 3 pens: 4*3=12, plus 26 loose: 12+26=38</think>"
+
+
+@pytest.mark.parametrize(
+    "completion, gold, strict, expected",
+    [
+        # DeepSeek-R1 format: the <answer> block is the final-answer region (the tags were once part of it: 0.0)
+        (R1 + "<answer>38</answer>", "38", False, 1.0),
+        (R1 + "<answer>38</answer>", "38", True, 1.0),
+        (R1 + "<answer>38</answer>", "12", False, 0.0),
+        (R1 + "\n<answer>\n38\n</answer>", "38", True, 1.0),
+        (R1 + "<answer>38</answer><|im_end|>", "38", True, 1.0),
+        # without <think>, and with the <think> opened by the chat template
+        ("<answer>38</answer>", "38", True, 1.0),
+        ("<answer>38</answer>", "39", True, 0.0),
+        ("4*3=12, 12+26=38</think>\n<answer>38</answer>", "38", True, 1.0),
+        # what a block may hold: a boxed answer, an answer line, working ending in the result, LaTeX
+        (R1 + "<answer>\\boxed{38}</answer>", "38", True, 1.0),
+        (R1 + "<answer>The answer is 38.</answer>", "38", True, 1.0),
+        (R1 + "<answer>\n12 + 26 = 38\n</answer>", "38", True, 1.0),
+        (R1 + "<answer>$\\frac{3}{4}$</answer>", "0.75", True, 1.0),
+        (R1 + "<answer>$\\frac{3}{4}$</answer>", "0.5", True, 0.0),
+        # the block wins over prose around it; a boxed answer / answer line next to it must agree
+        (R1 + "So there are 38 pens.\n<answer>38</answer>", "38", True, 1.0),
+        (R1 + "\\boxed{38}<answer>38</answer>", "38", True, 1.0),
+        (R1 + "\\boxed{40}<answer>38</answer>", "38", False, 0.0),
+        (R1 + "<answer>38</answer>\nAnswer: 12", "38", False, 0.0),
+        # several blocks: the same answer is fine, different answers are hedging
+        (R1 + "<answer>38</answer><answer>38.0</answer>", "38", True, 1.0),
+        (R1 + "<answer>12</answer><answer>38</answer>", "38", False, 0.0),
+        # a tool call's numbers stay out of it
+        (R1 + "<tool_call>calc(expression='12+26')</tool_call><answer>38</answer>", "38", True, 1.0),
+        # an empty block is no answer: strict has nothing; non-strict falls back to the reasoning's last number
+        (R1 + "<answer></answer>", "38", True, 0.0),
+        (R1 + "<answer></answer>", "38", False, 1.0),
+        # a block inside unfinished reasoning is not a final answer
+        ("<think>maybe <answer>38</answer> but", "38", True, 0.0),
+    ],
+)
+def test_answer_tags_are_a_final_answer_region(completion, gold, strict, expected):
+    assert math_reward(completion, answer=gold, strict=strict) == expected

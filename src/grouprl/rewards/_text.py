@@ -15,12 +15,14 @@ from typing import NamedTuple
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 
 # A tool-call block, or an unclosed one running to the end of the text; also tool responses.
 _TOOL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|\Z)", re.S)
 _TOOL_RESPONSE = re.compile(r"<tool_response>.*?(?:</tool_response>|\Z)", re.S)
 _JSON_CALL_LINE = re.compile(r'^[ \t]*\{[^\n]*"name"[^\n]*"arguments"[^\n]*\}[ \t]*$', re.M)
 _TOOL_BODY = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.S)
 
 # English sentence ends only count when followed by space/end, so "78.54" is not split.
 _SENTENCE_SPLIT = re.compile(r"[。！？；\n]+|[.!?;]+(?=\s|$)")
@@ -68,6 +70,12 @@ def strip_tool_blocks(text: str) -> str:
 def tool_call_bodies(text: str) -> list[str]:
     """Stripped contents of every closed ``<tool_call>...</tool_call>`` block, in order."""
     return [m.strip() for m in _TOOL_BODY.findall(text)]
+
+
+def answer_blocks(text: str) -> tuple[list[str], str]:
+    """Stripped contents of every closed ``<answer>...</answer>`` block (the DeepSeek-R1 format), in
+    order, and the text outside them."""
+    return [m.strip() for m in _ANSWER_BLOCK.findall(text)], _ANSWER_BLOCK.sub(" ", text)
 
 
 def sentences(text: str, min_chars: int = 6) -> list[str]:

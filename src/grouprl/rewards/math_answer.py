@@ -3,6 +3,9 @@ r"""Math accuracy: find the final answer where the answer is, then compare it wi
 Where the answer is, in order (tool-call blocks are removed first: numbers inside tool-call
 arguments are never the answer):
 
+0. ``<answer>...</answer>`` blocks in the final region (the DeepSeek-R1 format
+   ``<think>...</think><answer>38</answer>``, or ``<answer>38</answer>`` alone): each block is a final
+   region of its own, searched as in 1-3; a boxed answer or answer line outside the blocks must agree;
 1. the last ``\boxed{}`` of the final region (the text after ``</think>``, or the whole completion
    when there are no think tags);
 2. else the last "Answer: ..." / "The answer is ..." / "答案：..." line of the final region;
@@ -13,8 +16,8 @@ The seed took the last number of the whole string, so on its worked example (78.
 ``<think>``, then ``calculator(expression='3.14159 * 5**2')``) it extracted 2; here the example scores
 1.0, and 0.0 under ``strict`` (it has no final-answer region).
 
-Hardening: several *different* boxed answers (or answer lines) are hedging and score 0; a region that
-is mostly numbers ("1 2 3 ... 78.54") is spam and yields no answer.
+Hardening: several *different* boxed answers (or answer lines, or ``<answer>`` blocks) are hedging and
+score 0; a region that is mostly numbers ("1 2 3 ... 78.54") is spam and yields no answer.
 
 Comparison: math-verify ``parse``/``verify`` (LaTeX, fractions, percentages, sets, intervals) with
 its signal-based timeouts disabled (``parsing_timeout=None``, ``timeout_seconds=None``), plus the seed's
@@ -85,6 +88,18 @@ def _search_region(region: str, *, whole_text: bool) -> str | None:
     return answer
 
 
+def _search_answer_blocks(region: str) -> str | None:
+    """The answer in the ``<answer>`` blocks of ``region`` (``None``: no non-empty block)."""
+    blocks, outside = _text.answer_blocks(region)
+    found = [_search_region(b, whole_text=True) for b in blocks if b]
+    if not found:
+        return None
+    outside_answer = _search_region(outside, whole_text=False)  # a boxed answer / answer line next to it
+    if outside_answer is not None:
+        found.insert(0, outside_answer)
+    return HEDGE if HEDGE in found else _pick(found)
+
+
 def _last_answer_line(region: str) -> str:
     """The last non-blank line that holds a digit or LaTeX (else the last non-blank line)."""
     lines = [ln.strip() for ln in region.splitlines() if ln.strip()]
@@ -100,10 +115,17 @@ def extract_answer(completion: str, *, strict: bool = False) -> str | None:
     '78.54'
     >>> extract_answer("<think>pi * 5^2 = 78.54</think>", strict=True) is None
     True
+    >>> extract_answer("<think>20 + 18 = 38</think><answer>38</answer>", strict=True)
+    '38'
     """
-    split = _text.split_think(_text.strip_tool_blocks(completion))
+    text = _text.strip_tool_blocks(completion)
+    split = _text.split_think(text)
+    if split.final is not None or _text.THINK_OPEN not in text:
+        found = _search_answer_blocks(split.final if split.final is not None else text)
+        if found is not None:
+            return found
     if split.final is not None:
-        found = _search_region(split.final, whole_text=True)
+        found = _search_region(_text.answer_blocks(split.final)[1], whole_text=True)
     else:
         found = _search_region(split.reasoning, whole_text=False)
     if found is not None or strict:
