@@ -43,6 +43,8 @@ def test_builds_and_loads_through_from_pretrained(built):
     assert info["sft_loss_last"] < info["sft_loss_first"]
     ids = tok("Ana has 3 pens.\n", return_tensors="pt")["input_ids"]
     assert [tok.decode([i]) for i in tok("123", add_special_tokens=False)["input_ids"]] == ["1", "2", "3"]
+    demo = tok("<think>4*3=12</think>Answer: 12", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert tok.decode(demo, skip_special_tokens=True) == "<think>4*3=12</think>Answer: 12"  # tags kept, EOS not
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=tok.pad_token_id)
     assert ids.shape[1] < out.shape[1] <= ids.shape[1] + 3

@@ -23,6 +23,9 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added tokens that are NOT special, like Qwen3's and the DeepSeek-R1 distills' <think> / <tool_call>: each
+# is one token, but ``decode(..., skip_special_tokens=True)`` (what TRL and our rollout do) keeps it, so
+# the rewards see the tags. Ids 0-3 are SPECIAL_TOKENS, 4-9 these, in this order (warm starts rely on it).
 EXTRA_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", "<tool_call>", "</tool_call>"]
 
 DEFAULT_CORPUS = [
@@ -43,8 +46,11 @@ def build_tokenizer(
     """Train a byte-level BPE tokenizer on ``corpus`` locally and wrap it for transformers.
 
     ``character_digits`` splits every digit into its own token (as Llama and Qwen do), which makes
-    arithmetic learnable by tiny models.
+    arithmetic learnable by tiny models. ``SPECIAL_TOKENS`` get ids 0-3 and are special (dropped by
+    ``skip_special_tokens=True``); ``EXTRA_TOKENS`` get ids 4-9 and are added, non-special tokens (kept).
     """
+    import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -62,6 +68,13 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    # The trainer reserves ids only for special tokens: train with all ten (ids 0-9, as before), then
+    # clear the special flag of the extra ones. Encoding and ids are unchanged; only decoding differs.
+    state = json.loads(tok.to_str())
+    for added in state["added_tokens"]:
+        if added["content"] in EXTRA_TOKENS:
+            added["special"] = False
+    tok = Tokenizer.from_str(json.dumps(state))
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token="<|pad|>",

@@ -5,7 +5,7 @@ and ``AutoTokenizer.from_pretrained`` load exactly like a hub model. The first c
 
 1. a byte-level BPE tokenizer trained on the task's text, digits split one per token (``grouprl.tiny``);
 2. a randomly initialised ``Qwen2ForCausalLM`` (hidden 128, 3 layers, ~0.8M parameters);
-3. supervised fine-tuning on demonstrations ``<think>23+45=68</think><answer>68</answer>`` for a fixed
+3. supervised fine-tuning on demonstrations ``<think>23+45=68</think>Answer: 68`` for a fixed
    number of steps -- deliberately SHORT, so the model knows the output format but gets only some answers
    right, and sampling at temperature 1 gives groups with mixed rewards: the starting point GRPO needs.
 
@@ -40,7 +40,9 @@ from typing import Any
 
 from grouprl.errors import UnknownNameError
 
-FORMAT_VERSION = 1  # bump when the build procedure changes in a way the settings do not capture
+# Bump when the build procedure changes in a way the settings do not capture. 2: the tokenizer's
+# <think>/<answer>/<tool_call> tags are no longer special (same ids and weights; the saved tokenizer differs).
+FORMAT_VERSION = 2
 INFO_FILE = "grouprl_warmstart.json"
 
 

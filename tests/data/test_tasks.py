@@ -78,7 +78,7 @@ def test_accuracy_recipe_scores_demonstrations():
     rng = random.Random(1)
     wrong = [demonstration("arithmetic", r, wrong_answer=plausible_wrong_answer(r, rng)) for r in rows]
     assert reward(right, answer=answers) == [1.0] * 30
-    # the trainer decodes with skip_special_tokens=True: the tiny tokenizer's <think> tags vanish
+    # a tokenizer whose <think> tags are special tokens loses them under skip_special_tokens=True
     stripped = [c.replace("<think>", "").replace("</think>", "") for c in right]
     assert reward(stripped, answer=answers) == [1.0] * 30
     assert reward(direct, answer=answers) == [1.0] * 30

@@ -200,7 +200,8 @@ def countdown_reward(completion: str, *, numbers=None, target=None, answer=None,
     """1.0 if the final expression uses each given number at most once and equals the target, else 0.0.
 
     The expression is the last ``<answer>...</answer>`` block, or else the rest of the last
-    ``Answer:`` line (what remains when a trainer decodes without special tokens and the tags vanish).
+    ``Answer:`` line (the built-in demonstrations' format; also what remains of a tokenizer whose
+    ``<answer>`` tags are special tokens when a trainer decodes with ``skip_special_tokens=True``).
 
     >>> countdown_reward("<think>2+3=5, 5*4=20</think>Answer: (2+3)*4", numbers=[2, 3, 4], target=20)
     1.0
