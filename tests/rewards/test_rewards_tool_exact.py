@@ -128,6 +128,13 @@ def test_accuracy_dispatches_tool_call_like_the_seed():
         ("The answer is Paris", "Paris", {}, 0.0),
         ("", "Paris", {}, 0.0),
         ("Lyon", ["Paris", "Lyon"], {}, 1.0),
+        # a single <answer> block as the whole final text (DeepSeek-R1 format): its content is compared
+        ("<think>the capital</think><answer>Paris</answer>", "Paris", {}, 1.0),
+        ("<answer> Paris. </answer>\n", "Paris", {}, 1.0),
+        ("<think>the capital</think><answer>Lyon</answer>", "Paris", {}, 0.0),
+        # anything besides that one block still counts: no credit for extra text or a second block
+        ("<think>x</think>Paris<answer>Paris</answer>", "Paris", {}, 0.0),
+        ("<answer>Paris</answer><answer>Lyon</answer>", "Paris", {}, 0.0),
     ],
 )
 def test_exact_match(completion, answer, kwargs, expected):

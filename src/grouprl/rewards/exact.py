@@ -2,7 +2,8 @@
 
 Normalisation: Unicode NFKC, whitespace runs collapsed, surrounding whitespace and one trailing full
 stop removed; ``case_sensitive=False`` also folds case. The compared text is what follows ``</think>``
-(the whole completion when there is no think block). There is no substring or prefix credit: partial
+(the whole completion when there is no think block); when that text is a single ``<answer>...</answer>``
+block (DeepSeek-R1 format), its content. There is no substring or prefix credit: partial
 credit for "contains the answer" teaches a policy to print everything (or, with prefix credit,
 nothing).
 """
@@ -34,6 +35,8 @@ def exact_match_reward(completion: str, *, answer=None, case_sensitive: bool = T
     1.0
     >>> exact_match_reward("Paris, Lyon, Marseille", answer="Paris")
     0.0
+    >>> exact_match_reward("<think>capital of France</think><answer>Paris</answer>", answer="Paris")
+    1.0
     """
     if answer is None:
         return None
@@ -44,6 +47,9 @@ def exact_match_reward(completion: str, *, answer=None, case_sensitive: bool = T
         return None
     split = _text.split_think(completion)
     final = split.final if split.final is not None else completion
+    blocks, outside = _text.answer_blocks(final)
+    if len(blocks) == 1 and not outside.strip():
+        final = blocks[0]
     pred = normalize_text(final, case_sensitive=case_sensitive)
     return 1.0 if pred in golds else 0.0
 
