@@ -59,7 +59,7 @@ def test_fresh_run_into_an_earlier_run_is_refused_before_the_model_loads(no_mode
         assert err.count("\n") == 1 and err.startswith(f"error: output_dir '{out}' already holds checkpoints")
         assert "newest: checkpoint-10, 2 in all" in err  # by step, not by name (checkpoint-2 sorts after -10)
         assert "`--resume` (or resume_from_checkpoint=true) to continue it from checkpoint-10" in err
-        assert "`overwrite_output_dir=true`" in err and "another output_dir=..." in err
+        assert "`overwrite_output_dir=true`" in err and err.rstrip().endswith("or a different output_dir=<dir>.")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint-10", "checkpoint-2", "final", "metrics.jsonl"]
 
     only_final = tmp_path / "final_only"

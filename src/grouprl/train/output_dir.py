@@ -96,7 +96,7 @@ def _refusal(output_dir: str | Path, found: dict[str, Any]) -> str:
     if newest:
         fixes.append(f"`--resume` (or resume_from_checkpoint=true) to continue it from {newest.name}")
     fixes.append("`overwrite_output_dir=true` to delete its checkpoints, final model and logs and start afresh")
-    fixes.append("another output_dir=...")
+    fixes.append("a different output_dir=<dir>")
     return (f"output_dir {str(output_dir)!r} already holds {held}; a fresh run there would mix with it. "
             f"Fix: " + "; or ".join(fixes) + ".")
 
