@@ -448,15 +448,6 @@ class GRPOConfig:
 
         return configure(dict(self.sandbox))
 
-    def apply_torch_threads(self) -> int | None:
-        """``torch.set_num_threads(torch_num_threads)`` when set (call before the model loads); returns it."""
-        if self.torch_num_threads is None:
-            return None
-        import torch
-
-        torch.set_num_threads(self.torch_num_threads)
-        return self.torch_num_threads
-
     def loss_hparams(self) -> dict[str, Any]:
         """Keyword arguments for the policy loss: the clip range plus loss_kwargs."""
         return {"eps_low": self.epsilon, "eps_high": self.epsilon_high, **self.loss_kwargs}

@@ -85,6 +85,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     from grouprl.rollout import make_backend
     from grouprl.train.evaluate import evaluate
     from grouprl.train.model import (
+        apply_torch_threads,
         check_model_source,
         load_model,
         load_tokenizer,
@@ -105,7 +106,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     if source is None:
         raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
     check_model_source(source)
-    cfg.apply_torch_threads()  # before the model loads
+    apply_torch_threads(cfg)  # before the model loads
     device = pick_device(cfg.device)
     if checkpoint and (Path(checkpoint) / "adapter_config.json").is_file():
         from peft import PeftModel

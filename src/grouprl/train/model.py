@@ -164,3 +164,11 @@ def build_optimizer(model: Any, cfg: Any, total_steps: int):
     name = {"constant": "constant_with_warmup"}.get(cfg.lr_scheduler_type, cfg.lr_scheduler_type)
     scheduler = get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total_steps)
     return optimizer, scheduler
+
+
+def apply_torch_threads(cfg: Any) -> int | None:
+    """``torch.set_num_threads(cfg.torch_num_threads)`` when set (call before the model loads); returns it."""
+    if cfg.torch_num_threads is None:
+        return None
+    torch.set_num_threads(cfg.torch_num_threads)
+    return cfg.torch_num_threads

@@ -41,11 +41,18 @@ class GRPOTrainer:
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         cfg.configure_sandbox()  # an isolation level this machine cannot give fails here, not mid-run
-        cfg.apply_torch_threads()  # before the model loads: same seed + same threads -> same run
+        from grouprl.train.model import (
+            apply_peft,
+            apply_torch_threads,
+            check_model_source,
+            load_model,
+            pick_device,
+        )
+
+        apply_torch_threads(cfg)  # before the model loads: same seed + same threads -> same run
         source = model if model is not None else cfg.model
         if source is None:
             raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
-        from grouprl.train.model import apply_peft, check_model_source, load_model, pick_device
         from grouprl.train.score import resolve_reward_funcs
 
         self.device = pick_device(cfg.device)
