@@ -102,6 +102,15 @@ GSPO = Workload(name="gspo", level="sequence", beta=0.0, eps_low=3e-4, eps_high=
                 grad_accum=2, steps_per_generation=4, steps=10, warmup_steps=2)
 
 
+def emit_json(result: dict[str, Any], out: Path | None) -> None:
+    """Print ``result`` as JSON and, when ``out`` is given, also write it there."""
+    text = json.dumps(result, indent=2)
+    print(text)
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+
+
 def make_dataset_rows(n: int, seed: int = 0) -> list[dict[str, str]]:
     """``n`` addition prompts as chat messages with their integer answers (deterministic in ``seed``)."""
     rng = random.Random(seed)

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GRPO, make_checkpoint, markdown_scaling, median_result, run_child  # noqa: E402
+from _common import GRPO, emit_json, make_checkpoint, markdown_scaling, median_result, run_child  # noqa: E402
 from vs_trl import SCRIPT as WORKER  # noqa: E402
 from vs_trl import versions  # noqa: E402
 
@@ -83,11 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{r['peak_rss_mib']:.0f} MiB") if r.get("repeats") else f"{lib} {knob}={value}: FAILED"
                 print(msg, file=sys.stderr, flush=True)
             result["points"].append(row)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

@@ -36,6 +36,7 @@ from _common import (  # noqa: E402
     GRPO,
     GSPO,
     Workload,
+    emit_json,
     make_checkpoint,
     markdown_vs_trl,
     median_result,
@@ -175,11 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             w = replace(CONFIGS[name.strip()], **overrides)
             result["configs"][w.name] = compare(w, model_dir, args.repeats, libs,
                                                 log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 
