@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from grouprl.builtins import load_builtins
 from grouprl.cli import main
-from grouprl.registry import load_builtins
 
 
 @pytest.fixture

@@ -55,6 +55,7 @@ CHOICES = {
     "lr_scheduler_type": ("cosine", "linear", "constant"),
     "save_strategy": ("steps", "epoch", "no"),
     "device": ("auto", "cpu", "cuda", "mps"),
+    "missing_reward": ("exclude", "zero"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 
@@ -99,6 +100,10 @@ class GRPOConfig:
     """One weight per reward function (``None`` = all 1.0); the total reward is the weighted sum."""
     reward_kwargs: dict = field(default_factory=dict)
     """Per-reward keyword arguments, e.g. ``{accuracy: {task_type: math}}``."""
+    missing_reward: str = "exclude"
+    """What a ``None`` reward ("no opinion") means. ``exclude``: a completion whose total reward is unknown (any
+    reward function returned None for it) takes no part in its group's statistics, gets advantage 0 and no
+    loss. ``zero``: None counts as 0."""
     eval_reward: str = "accuracy"
     """Reward whose mean on the held-out split is reported as accuracy."""
     sandbox: dict = field(default_factory=dict)
@@ -173,6 +178,9 @@ class GRPOConfig:
     """Warm-up steps (overrides warmup_ratio when > 0)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm (0 = no clipping; the norm is still logged)."""
+    max_consecutive_skips: int = 5
+    """An optimizer step whose loss or gradient norm is not finite is skipped (its gradients dropped, counted
+    in ``skipped_steps``); after this many consecutive skips the run stops with an error."""
     seed: int = 42
     """Seed for data order, sampling and initialisation."""
     torch_num_threads: int | None = None
@@ -194,6 +202,10 @@ class GRPOConfig:
     """Top-k sampling (0 = off; the same caveat as top_p)."""
     rollout_backend: str = "transformers"
     """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
+    lean_sampler: bool | None = None
+    """Use grouprl's lean KV-cache sampler (Llama / Qwen2 architectures) instead of ``model.generate`` for
+    rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
+    what ``generate`` samples), off on CUDA/MPS; ``true`` / ``false`` force it."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0
@@ -337,7 +349,7 @@ class GRPOConfig:
         """Check values and batch arithmetic; raises ConfigError naming the field, value and fix."""
         _positive_ints(self, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                        "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size",
-                       "eval_num_samples", "save_steps", "num_completions_to_log")
+                       "eval_num_samples", "save_steps", "num_completions_to_log", "max_consecutive_skips")
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 value = getattr(self, name)
@@ -410,7 +422,8 @@ class GRPOConfig:
     def check_names(self) -> None:
         """Check registry names and their keyword arguments, and that the report_to sinks are installed
         (imports grouprl.algo, still no model)."""
-        from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, load_builtins
+        from grouprl.builtins import load_builtins
+        from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
         load_builtins()
         if "wandb" in self.report_targets:
@@ -570,7 +583,7 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
             return float(value)
     except ValueError as e:
         raise ConfigError(f"{f.name}={value!r} is not a valid {kind.split(' ')[0]}.") from e
-    if kind.startswith("bool") and not isinstance(value, bool):
+    if kind.startswith("bool") and not isinstance(value, bool) and not (value is None and "None" in kind):
         raise ConfigError(f"{f.name}={value!r} must be true or false.")
     if kind.startswith("list") and isinstance(value, str):
         return [value]

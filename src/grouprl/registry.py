@@ -135,10 +135,3 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "kl_estimators": KL_ESTIMATORS,
     "rewards": REWARDS,
 }
-
-
-def load_builtins() -> dict[str, Registry]:
-    """Import the modules whose decorators fill the registries, and return them all."""
-    importlib.import_module("grouprl.algo")
-    importlib.import_module("grouprl.rewards")
-    return ALL_REGISTRIES

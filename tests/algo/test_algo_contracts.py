@@ -8,7 +8,8 @@ import pathlib
 import pytest
 import torch
 
-from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, load_builtins
+from grouprl.builtins import load_builtins
+from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 load_builtins()
 D = torch.float64

@@ -10,7 +10,8 @@ import pkgutil
 import pytest
 
 import grouprl.rewards
-from grouprl.registry import REWARDS, load_builtins
+from grouprl.builtins import load_builtins
+from grouprl.registry import REWARDS
 
 MODULES = [m.name for m in pkgutil.iter_modules(grouprl.rewards.__path__, "grouprl.rewards.")]
 

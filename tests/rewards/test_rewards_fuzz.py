@@ -121,7 +121,8 @@ def test_helpers_never_raise(text):
 
 def test_every_registered_reward_honours_the_registry_contract():
     """fn(completion, *, answer=None, **meta) -> float in [0, 1] or None, with a one-line description."""
-    from grouprl.registry import REWARDS, load_builtins
+    from grouprl.builtins import load_builtins
+    from grouprl.registry import REWARDS
 
     load_builtins()
     samples = ["", "<think>why</think>\\boxed{2}", "<tool_call>f(x=1)</tool_call>", "rm -rf / 答案：2"]

@@ -8,8 +8,9 @@ import contextlib
 import pytest
 import torch
 
+from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
-from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, load_builtins
+from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
 from grouprl.train.loop import RunContext, Timers, _micro_batches, step_totals
 from grouprl.train.step import LossSpec, completion_logps, micro_batch_loss

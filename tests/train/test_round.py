@@ -9,8 +9,8 @@ import pytest
 import torch
 from train_helpers import train_records
 
+from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
-from grouprl.registry import load_builtins
 from grouprl.rollout.base import Rollout
 from grouprl.train.loop import (
     PromptStream,

@@ -15,8 +15,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from grouprl.builtins import load_builtins
     from grouprl.errors import did_you_mean
-    from grouprl.registry import load_builtins
 
     registries = load_builtins()
     if args.registry and args.registry not in registries:

@@ -67,8 +67,9 @@ def _parse_options(items: list[str]) -> dict[str, Any]:
 
 def make_scorer(reward: str, config: str, options: dict[str, Any]):
     """``fn(completion, answer, meta) -> dict of dimensions incl. "total"`` for a reward name or composite."""
+    from grouprl.builtins import load_builtins
     from grouprl.errors import ConfigError, did_you_mean
-    from grouprl.registry import REWARDS, load_builtins
+    from grouprl.registry import REWARDS
     from grouprl.rewards.adapters import check_reward_options
     from grouprl.rewards.composite import TEMPLATES, AgentRewardFunction
 

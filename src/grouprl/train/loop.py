@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.errors import DataError
-from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, load_builtins
+from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.base import Rollout, concat_rollouts
 from grouprl.train import checkpoint as ckpt
