@@ -1,7 +1,7 @@
-"""Import the modules whose decorators fill the registries (the built-in algorithms and rewards).
+"""Import the modules whose decorators fill the registries (the built-in algorithms, rewards, environments).
 
 This sits above both ``grouprl.registry`` (which knows none of its plug-ins) and the packages that register
-into it (``grouprl.algo``, ``grouprl.rewards``), so neither side imports the other.
+into it (``grouprl.algo``, ``grouprl.rewards``, ``grouprl.envs``), so neither side imports the other.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import importlib
 
 from grouprl.registry import ALL_REGISTRIES, Registry
 
-BUILTIN_MODULES = ("grouprl.algo", "grouprl.rewards")
+BUILTIN_MODULES = ("grouprl.algo", "grouprl.rewards", "grouprl.envs")
 
 
 def load_builtins() -> dict[str, Registry]:

@@ -127,6 +127,9 @@ POLICY_LOSSES = Registry(
 AGGREGATIONS = Registry("loss aggregation", "fn(per_token [N,T], mask [N,T], **norm) -> scalar")
 KL_ESTIMATORS = Registry("KL estimator", "fn(logp [N,T], ref_logp [N,T]) -> [N,T]")
 REWARDS = Registry("reward", "fn(completion: str, *, answer=None, **meta) -> float | None")
+ENVIRONMENTS = Registry(
+    "environment", "Cls() with reset(**row) -> str | None, public methods = tools, optional get_reward()"
+)
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "advantages": ADVANTAGES,
@@ -134,4 +137,5 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "aggregations": AGGREGATIONS,
     "kl_estimators": KL_ESTIMATORS,
     "rewards": REWARDS,
+    "environments": ENVIRONMENTS,
 }

@@ -1,0 +1,301 @@
+"""The tool-environment contract the multi-turn rollout drives: one live :class:`ToolEnv` per trajectory.
+
+Two ways in, both TRL's (``GRPOTrainer(tools=...)`` and ``GRPOTrainer(environment_factory=...)``,
+docs/source/grpo_trainer.md, "Agent Training"):
+
+- ``tools=[fn, ...]``: plain functions with type hints and a Google-style docstring. They hold no state,
+  so every trajectory shares them.
+- ``environment_factory=Cls``: a class built fresh for each trajectory. ``reset(**row) -> str | None``
+  receives the dataset row's columns as keyword arguments (a returned string is added to the prompt);
+  every public method other than ``reset`` and ``get_reward`` is a tool; an optional ``get_reward()``
+  is the environment's own reward, added to the reward functions' sum.
+
+Tool schemas come from ``transformers.utils.get_json_schema`` (the OpenAI ``{"type": "function",
+"function": {...}}`` format chat templates render); arguments are checked against them with
+``jsonschema`` before a tool runs, so a model's wrong call gets a message it can act on. What is
+hand-written here is only the adapter between those two libraries and the rollout.
+
+:func:`call_with_timeout` bounds one call. A Python tool that ignores the deadline keeps its (daemon)
+thread running until it returns: tools are trusted code. Model-written code never runs in this process;
+it goes to :mod:`grouprl.sandbox` (the ``python`` environment), whose jobs are killed at their deadline.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from grouprl.errors import ConfigError, GroupRLError
+
+ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout")
+NOT_TOOLS = frozenset({"reset", "get_reward"})  # TRL: every other public method is a tool
+
+
+class ToolError(GroupRLError):
+    """A tool call the environment refused; the message is written for the model to read."""
+
+
+class UnknownToolError(ToolError):
+    """The model called a tool this environment does not have."""
+
+
+class BadArgumentsError(ToolError):
+    """The model's arguments do not match the tool's schema."""
+
+
+class ToolEnv:
+    """A live environment for ONE trajectory: its tools, their state, and an optional reward.
+
+    ``tools`` are the JSON schemas shown to the model. ``reset(row)`` starts the trajectory (a returned
+    string is appended to the prompt), ``call(name, arguments)`` runs one tool and returns its text,
+    ``reward()`` is the environment-owned reward (None when it has none), ``close()`` frees resources.
+    ``instance`` is the user's environment object (None for plain ``tools=``): reward functions read
+    its attributes (e.g. ``edits``, ``returned_ids``).
+    """
+
+    tools: list[dict]
+    instance: Any = None
+
+    def __init__(self, fns: Mapping[str, Callable[..., Any]], tools: list[dict]) -> None:
+        self._fns = dict(fns)
+        self.tools = tools
+        self._params = {t["function"]["name"]: t["function"].get("parameters") or {} for t in tools}
+
+    @property
+    def tool_names(self) -> list[str]:
+        return list(self._fns)
+
+    def reset(self, row: Mapping[str, Any]) -> str | None:
+        return None
+
+    def call(self, name: str, arguments: Any) -> str:
+        """Run tool ``name``; raises UnknownToolError / BadArgumentsError, or whatever the tool raises."""
+        if name not in self._fns:
+            known = ", ".join(self._fns) or "(none)"
+            raise UnknownToolError(f"unknown tool {name!r}; available tools: {known}")
+        arguments = {} if arguments is None else arguments
+        validate_arguments(name, self._params[name], arguments)
+        return format_result(self._fns[name](**arguments))
+
+    def reward(self) -> float | None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class ClassToolEnv(ToolEnv):
+    """A TRL ``environment_factory`` object seen through the :class:`ToolEnv` contract."""
+
+    def __init__(self, instance: Any) -> None:
+        fns = {name: getattr(instance, name) for name in public_methods(type(instance))}
+        super().__init__(fns, [tool_schema(fn, owner=type(instance).__name__) for fn in fns.values()])
+        self.instance = instance
+
+    def reset(self, row: Mapping[str, Any]) -> str | None:
+        reset = getattr(self.instance, "reset", None)
+        if reset is None:
+            return None
+        out = reset(**_accepted_kwargs(reset, row))
+        if out is not None and not isinstance(out, str):
+            raise TypeError(f"{type(self.instance).__name__}.reset() returned {type(out).__name__}; "
+                            f"it must return a string (added to the prompt) or None")
+        return out
+
+    def reward(self) -> float | None:
+        get_reward = getattr(self.instance, "get_reward", None)
+        if get_reward is None:
+            return None
+        value = get_reward()
+        return None if value is None else float(value)
+
+
+def public_methods(cls: type) -> list[str]:
+    """TRL's rule: the public methods of ``cls`` (no leading ``_``), except ``reset`` and ``get_reward``."""
+    out = []
+    for name in dir(cls):
+        if name.startswith("_") or name in NOT_TOOLS:
+            continue
+        attr = inspect.getattr_static(cls, name)
+        if inspect.isfunction(attr) or isinstance(attr, (staticmethod, classmethod)):
+            out.append(name)
+    return out
+
+
+def tool_schema(fn: Callable[..., Any], owner: str = "") -> dict:
+    """The OpenAI-style schema of ``fn`` from ``transformers.utils.get_json_schema``; ConfigError if it
+    cannot be built (no docstring, an argument without a type hint or without an ``Args:`` line)."""
+    from transformers.utils import get_json_schema
+
+    where = f"{owner}.{fn.__name__}" if owner else getattr(fn, "__name__", repr(fn))
+    try:
+        return get_json_schema(fn)
+    except Exception as e:  # transformers raises DocstringParsingException / TypeHintParsingException
+        raise ConfigError(
+            f"tool {where!r} cannot be shown to the model: {e}. A tool needs a type hint on every argument "
+            f"and a Google-style docstring: a one-line description, then 'Args:' with one "
+            f"'name: description' line per argument."
+        ) from e
+
+
+def validate_arguments(name: str, params: Mapping[str, Any], arguments: Any) -> None:
+    """BadArgumentsError (worded for the model) unless ``arguments`` fit the tool's parameter schema."""
+    import jsonschema
+
+    props = params.get("properties") or {}
+    expected = ", ".join(props) or "no arguments"
+    if not isinstance(arguments, Mapping):
+        raise BadArgumentsError(f"arguments of tool {name!r} must be a JSON object; expected: {expected}")
+    for key in arguments:
+        if key not in props:
+            raise BadArgumentsError(f"unknown argument {key!r} for tool {name!r}; expected: {expected}")
+    for key in params.get("required") or []:
+        if key not in arguments:
+            raise BadArgumentsError(f"missing argument {key!r} for tool {name!r}; expected: {expected}")
+    try:
+        jsonschema.validate(dict(arguments), {k: v for k, v in params.items() if k != "description"})
+    except jsonschema.ValidationError as e:
+        path = ".".join(str(p) for p in e.absolute_path)
+        where = f"argument {path!r}" if path else "arguments"
+        raise BadArgumentsError(f"{where} of tool {name!r}: {e.message}") from None
+
+
+def format_result(value: Any) -> str:
+    """A tool's return value as the text the model reads (strings as they are, other values as JSON)."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _accepted_kwargs(fn: Callable[..., Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """``row`` for ``fn(**row)``: all of it when ``fn`` takes ``**kwargs``, else only the names it takes."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(row)
+    return {k: v for k, v in row.items() if k in params}
+
+
+def make_env_factory(tools: list[Callable[..., Any]] | None = None,
+                     environment_factory: Any = None) -> Callable[[], ToolEnv]:
+    """A zero-argument callable that builds one fresh :class:`ToolEnv` per trajectory.
+
+    Give exactly one of ``tools`` (plain functions) or ``environment_factory`` (a class or zero-argument
+    callable returning an environment object, or ``{name: Cls}`` whose row column ``environment`` picks
+    one). Schemas are built here, so a tool the model could not be shown fails at start-up.
+    """
+    if (tools is None) == (environment_factory is None):
+        raise ConfigError("give exactly one of tools=[fn, ...] (plain functions) or environment_factory=Cls "
+                          f"(a class whose public methods are tools); got "
+                          f"{'both' if tools is not None else 'neither'}")
+    if tools is not None:
+        return _function_factory(tools)
+    if isinstance(environment_factory, Mapping):
+        return _dict_factory(environment_factory)
+    return _class_factory(environment_factory)
+
+
+def _function_factory(tools: list[Callable[..., Any]]) -> Callable[[], ToolEnv]:
+    if not isinstance(tools, (list, tuple)) or not tools:
+        raise ConfigError(f"tools must be a non-empty list of functions, got {tools!r:.80}")
+    fns: dict[str, Callable[..., Any]] = {}
+    for fn in tools:
+        if not callable(fn) or isinstance(fn, type):
+            raise ConfigError(f"tools: {fn!r:.80} is not a function; give plain functions, or a class as "
+                              f"environment_factory=")
+        if fn.__name__ in fns:
+            raise ConfigError(f"tools: two tools are named {fn.__name__!r}; tool names must be unique")
+        fns[fn.__name__] = fn
+    schemas = [tool_schema(fn) for fn in fns.values()]
+    return lambda: ToolEnv(fns, schemas)
+
+
+def _class_factory(factory: Any) -> Callable[[], ToolEnv]:
+    if not callable(factory):
+        raise ConfigError(f"environment_factory must be a class (or a zero-argument callable returning an "
+                          f"environment), got {factory!r:.80}")
+    cls = factory if isinstance(factory, type) else None
+    if cls is not None:
+        if not public_methods(cls):
+            raise ConfigError(f"environment_factory {cls.__name__} has no public methods, so the model "
+                              f"would have no tools; give it methods with type hints and docstrings")
+        for name in public_methods(cls):  # fail at start-up, not at the first rollout
+            fn = getattr(cls, name)
+            # a plain function still has ``self``: bind it to a placeholder so the schema leaves it out
+            tool_schema(fn.__get__(object(), cls) if inspect.isfunction(inspect.getattr_static(cls, name))
+                        else fn, owner=cls.__name__)
+    return lambda: ClassToolEnv(factory())
+
+
+class _Selecting(ToolEnv):
+    """A ``{name: Cls}`` factory: the row's ``environment`` column picks the class at reset."""
+
+    def __init__(self, factories: Mapping[str, Callable[[], ToolEnv]]) -> None:
+        super().__init__({}, [])
+        self._factories = factories
+        self._env: ToolEnv | None = None
+
+    def reset(self, row: Mapping[str, Any]) -> str | None:
+        name = row.get("environment")
+        if name not in self._factories:
+            raise ConfigError(f"row column 'environment' is {name!r}; with several environments it must be "
+                              f"one of: {', '.join(self._factories)}")
+        self._env = self._factories[name]()
+        self.tools, self.instance = self._env.tools, self._env.instance
+        return self._env.reset(row)
+
+    def call(self, name: str, arguments: Any) -> str:
+        if self._env is None:
+            raise UnknownToolError(f"unknown tool {name!r}: the environment was not reset yet")
+        return self._env.call(name, arguments)
+
+    def reward(self) -> float | None:
+        return None if self._env is None else self._env.reward()
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+
+
+def _dict_factory(factories: Mapping[str, Any]) -> Callable[[], ToolEnv]:
+    if not factories:
+        raise ConfigError("environment_factory={} is empty; give {name: Cls, ...}")
+    built = {str(k): _class_factory(v) for k, v in factories.items()}
+    return lambda: _Selecting(built)
+
+
+def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float) -> tuple[str, str | None]:
+    """Run ``env.call(name, arguments)`` in a worker thread for at most ``timeout_s`` seconds. Never raises.
+
+    Returns ``(text, error_kind)``: the tool's text and None, or a short message for the model and one
+    of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``. A Python tool that
+    ignores the deadline keeps its daemon thread until it returns (tools are trusted code; untrusted
+    code belongs in the sandbox, whose jobs are killed at their deadline).
+    """
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["text"] = env.call(name, arguments)
+        except BaseException as e:  # noqa: BLE001 -- everything a tool raises is reported to the model
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name=f"grouprl-tool-{name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return f"error: tool {name!r} did not finish within {timeout_s:g}s", "timeout"
+    err = box.get("error")
+    if err is None:
+        return format_result(box.get("text", "")), None
+    if isinstance(err, UnknownToolError):
+        return f"error: {err}", "unknown_tool"
+    if isinstance(err, BadArgumentsError):
+        return f"error: {err}", "bad_arguments"
+    detail = f": {err}" if str(err) else ""
+    return f"error: tool {name!r} raised {type(err).__name__}{detail}", "exception"
