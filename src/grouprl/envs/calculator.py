@@ -54,8 +54,17 @@ def _power(base: int | float, exp: int | float) -> int | float:
     return result
 
 
+def _too_long(x: int) -> bool:
+    """|x| has more than MAX_DIGITS decimal digits (the bit length decides, except near the limit)."""
+    if _log10_floor_bound(x) >= MAX_DIGITS:
+        return True
+    if abs(x).bit_length() * math.log10(2) < MAX_DIGITS:
+        return False
+    return len(str(abs(x))) > MAX_DIGITS  # within a bit of the limit: count exactly (~1000 digits)
+
+
 def _check(value: int | float) -> int | float:
-    if isinstance(value, int) and _log10_floor_bound(value) >= MAX_DIGITS:
+    if isinstance(value, int) and _too_long(value):
         raise CalculatorError(f"the result has more than {MAX_DIGITS} digits")
     if isinstance(value, float) and not math.isfinite(value):
         raise CalculatorError("the result is too large for a floating-point number")
