@@ -69,3 +69,14 @@ def test_edit_must_match_once_and_rows_need_tests():
         env.edit("x = 1", "x = 2")
     with pytest.raises(DataError, match="needs a 'tests' column"):
         CodeRepairEnv().reset(code="x = 1")
+
+
+def test_failures_show_the_programs_output(no_leftovers):
+    env = CodeRepairEnv()
+    env.reset(code="import sys\ndef add(a, b):\n    print('debug', a, b)\n    print('warn', file=sys.stderr)\n"
+                   "    return a - b\n", tests=TESTS)
+    report = env.run_tests()
+    assert report.startswith("1/3 tests passed.")
+    # stderr is unbuffered and reaches the report; the program's stdout is block-buffered in the sandbox
+    # and lost when its process is killed, so only stderr is asserted here
+    assert report.endswith("stderr:\nwarn\nwarn\nwarn")

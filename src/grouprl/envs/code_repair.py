@@ -139,6 +139,8 @@ class CodeRepairEnv:
             lines.append(f"FAILED test {t.index}{what} ({t.status}): {_clip(t.reason, MAX_REASON_CHARS)}")
         if len(failures) > MAX_FAILURES_SHOWN:
             lines.append(f"... and {len(failures) - MAX_FAILURES_SHOWN} more failures")
-        if failures and result.stderr.strip():
-            lines.append("stderr:\n" + _clip(result.stderr, MAX_REASON_CHARS))
+        for stream in ("stdout", "stderr") if failures else ():  # the model's own prints help it debug
+            text = getattr(result, stream)
+            if text.strip():
+                lines.append(f"{stream}:\n" + _clip(text, MAX_REASON_CHARS))
         return "\n".join(lines)
