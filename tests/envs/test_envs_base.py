@@ -55,19 +55,41 @@ def nap(seconds: float) -> str:
     return "awake"
 
 
-# Written exactly as TRL's docs show an environment (docs/source/grpo_trainer.md, "Agent Training").
-class MyEnv:
-    def reset(self, **kwargs) -> str | None:
-        """Called at start of each rollout. Return string = prompt."""
+# Written exactly as TRL's docs show an environment (docs/source/grpo_trainer.md, "Environments").
+class IncrementEnv:
+    # Reserved methods
+    def reset(self, **kwargs) -> str | None:  # required; called at the start of each rollout
         self.counter = 0
-        self.target = random.randint(1, 6)
-        return f"Increment the counter by {self.target}."
+        self.target = random.randint(1, 6)  # self-sample the task
+        return f"Increment the counter by {self.target}."  # returned string becomes the prompt
 
-    def get_reward(self) -> float:
-        """Optional: environment scores itself from internal state."""
+    def get_reward(self) -> float:  # optional: the environment scores itself from its own state
         return float(self.counter == self.target)
 
-    # Public methods below are exposed as tools
+    # Public methods (exposed as tools)
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self.counter += step
+        return self.counter
+
+
+# TRL's variant with an external dataset: the row's `target` column arrives as a keyword argument.
+class DatasetIncrementEnv:
+    def reset(self, target, **kwargs) -> None:  # the row's `target` column arrives as a keyword argument
+        self.counter = 0
+        self.target = target
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target)
+
     def increment(self, step: int) -> int:
         """
         Increment the internal counter.
@@ -104,7 +126,7 @@ def test_schema_from_a_plain_function():
 
 
 def test_trl_environment_class_runs_unchanged():
-    factory = make_env_factory(environment_factory=MyEnv)
+    factory = make_env_factory(environment_factory=IncrementEnv)
     env = factory()
     assert [t["function"]["name"] for t in env.tools] == ["increment"]  # reset / get_reward are not tools
     assert env.tools[0]["function"]["parameters"]["properties"] == {
@@ -118,6 +140,54 @@ def test_trl_environment_class_runs_unchanged():
     other = factory()  # a fresh instance per trajectory
     other.reset({})
     assert other.instance is not env.instance and other.instance.counter == 0
+
+    env = make_env_factory(environment_factory=DatasetIncrementEnv)()
+    row = {"prompt": [{"role": "user", "content": "Increment the counter to 4."}], "target": 4}
+    assert env.reset(row) is None and env.instance.target == 4
+    env.call("increment", {"step": 1})
+    assert env.reward() == 0.0
+    env.call("increment", {"step": 3})
+    assert env.reward() == 1.0
+
+
+def test_tools_and_environment_compose_and_async_tools_are_awaited():
+    async def lookup(key: str) -> str:
+        """
+        Look a key up.
+
+        Args:
+            key: The key.
+        """
+        return key.upper()
+
+    class AsyncEnv:
+        def reset(self, **kwargs) -> None:
+            self.calls = 0
+
+        async def get_reward(self) -> float:
+            return 0.5 * self.calls
+
+        @staticmethod
+        def helper() -> str:  # static methods are not tools (TRL takes bound methods only)
+            return "no"
+
+        def poke(self) -> str:
+            """Poke the environment."""
+            self.calls += 1
+            return "ok"
+
+    env = make_env_factory(tools=[lookup], environment_factory=AsyncEnv)()
+    assert [t["function"]["name"] for t in env.tools] == ["poke", "lookup"]
+    env.reset({})
+    assert call_with_timeout(env, "lookup", {"key": "ab"}, 5.0) == ("AB", None)
+    assert call_with_timeout(env, "poke", {}, 5.0) == ("ok", None)
+    assert env.reward() == 0.5
+    with pytest.raises(ConfigError, match=r"\['poke'\] are both a method of AsyncEnv and a function"):
+        def poke() -> str:
+            """Poke."""
+            return ""
+
+        make_env_factory(tools=[poke], environment_factory=AsyncEnv)()
 
 
 def test_reset_without_kwargs_receives_only_the_columns_it_names():
@@ -137,15 +207,16 @@ def test_reset_without_kwargs_receives_only_the_columns_it_names():
 def test_dict_factory_picks_the_environment_from_the_row():
     class Other:
         def reset(self, **kw) -> None:
-            return None
+            self.seen = kw
 
         def ping(self) -> str:
             """Answer pong."""
             return "pong"
 
-    factory = make_env_factory(environment_factory={"counter": MyEnv, "other": Other})
+    factory = make_env_factory(environment_factory={"counter": IncrementEnv, "other": Other})
     env = factory()
-    env.reset({"environment": "other"})
+    env.reset({"environment": "other", "level": 2})
+    assert env.instance.seen == {"level": 2}  # the routing column is not forwarded to reset (TRL)
     assert [t["function"]["name"] for t in env.tools] == ["ping"] and env.call("ping", {}) == "pong"
     env = factory()
     env.reset({"environment": "counter"})
@@ -183,12 +254,18 @@ def test_factory_errors_name_the_function_and_what_is_missing():
         make_env_factory(environment_factory=BadEnv)
     with pytest.raises(ConfigError, match="neither"):
         make_env_factory()
-    with pytest.raises(ConfigError, match="both"):
-        make_env_factory(tools=[add], environment_factory=MyEnv)
+
+    class NoReset:
+        def go(self) -> str:
+            """Go."""
+            return ""
+
+    with pytest.raises(ConfigError, match="NoReset has no reset"):
+        make_env_factory(environment_factory=NoReset)
     with pytest.raises(ConfigError, match="not a function"):
-        make_env_factory(tools=[MyEnv])
+        make_env_factory(tools=[IncrementEnv])
     with pytest.raises(ConfigError, match="must be a class"):
-        make_env_factory(environment_factory="MyEnv")
+        make_env_factory(environment_factory="IncrementEnv")
 
 
 def test_arguments_are_checked_against_the_schema_before_the_call():

@@ -6,9 +6,13 @@ docs/source/grpo_trainer.md, "Agent Training"):
 - ``tools=[fn, ...]``: plain functions with type hints and a Google-style docstring. They hold no state,
   so every trajectory shares them.
 - ``environment_factory=Cls``: a class built fresh for each trajectory. ``reset(**row) -> str | None``
-  receives the dataset row's columns as keyword arguments (a returned string is added to the prompt);
-  every public method other than ``reset`` and ``get_reward`` is a tool; an optional ``get_reward()``
-  is the environment's own reward, added to the reward functions' sum.
+  receives the dataset row's columns as keyword arguments (a returned string is appended to the last
+  user message, as TRL does); every public method other than ``reset`` and ``get_reward`` is a tool; an
+  optional ``get_reward()`` is the environment's own reward, added to the reward functions' sum.
+  ``{name: Cls}`` picks the class by the row's ``environment`` column (not forwarded to ``reset``).
+- both together: the plain functions are offered next to the environment's methods.
+
+Tools and ``get_reward`` may be ``async def``; they are awaited in the calling thread.
 
 Tool schemas come from ``transformers.utils.get_json_schema`` (the OpenAI ``{"type": "function",
 "function": {...}}`` format chat templates render); arguments are checked against them with
@@ -22,6 +26,7 @@ it goes to :mod:`grouprl.sandbox` (the ``python`` environment), whose jobs are k
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import threading
@@ -78,7 +83,7 @@ class ToolEnv:
             raise UnknownToolError(f"unknown tool {name!r}; available tools: {known}")
         arguments = {} if arguments is None else arguments
         validate_arguments(name, self._params[name], arguments)
-        return format_result(self._fns[name](**arguments))
+        return format_result(_resolve(self._fns[name](**arguments)))
 
     def reward(self) -> float | None:
         return None
@@ -88,18 +93,25 @@ class ToolEnv:
 
 
 class ClassToolEnv(ToolEnv):
-    """A TRL ``environment_factory`` object seen through the :class:`ToolEnv` contract."""
+    """A TRL ``environment_factory`` object seen through the :class:`ToolEnv` contract (plus any
+    stand-alone ``extra`` tools, given as ``(functions by name, their schemas)``)."""
 
-    def __init__(self, instance: Any) -> None:
+    def __init__(self, instance: Any, extra: tuple[dict, list[dict]] = ({}, [])) -> None:
+        if not callable(getattr(instance, "reset", None)):
+            raise ConfigError(f"environment {type(instance).__name__} has no reset() method; TRL's contract "
+                              f"needs reset(self, **kwargs) -> str | None, called at the start of each rollout")
         fns = {name: getattr(instance, name) for name in public_methods(type(instance))}
-        super().__init__(fns, [tool_schema(fn, owner=type(instance).__name__) for fn in fns.values()])
+        schemas = [tool_schema(fn, owner=type(instance).__name__) for fn in fns.values()]
+        clash = sorted(set(fns) & set(extra[0]))
+        if clash:
+            raise ConfigError(f"tool name(s) {clash} are both a method of {type(instance).__name__} and a "
+                              f"function in tools=; rename one")
+        super().__init__({**fns, **extra[0]}, schemas + extra[1])
         self.instance = instance
 
     def reset(self, row: Mapping[str, Any]) -> str | None:
-        reset = getattr(self.instance, "reset", None)
-        if reset is None:
-            return None
-        out = reset(**_accepted_kwargs(reset, row))
+        reset = self.instance.reset
+        out = _resolve(reset(**_accepted_kwargs(reset, row)))
         if out is not None and not isinstance(out, str):
             raise TypeError(f"{type(self.instance).__name__}.reset() returned {type(out).__name__}; "
                             f"it must return a string (added to the prompt) or None")
@@ -109,20 +121,31 @@ class ClassToolEnv(ToolEnv):
         get_reward = getattr(self.instance, "get_reward", None)
         if get_reward is None:
             return None
-        value = get_reward()
+        value = _resolve(get_reward())
         return None if value is None else float(value)
 
 
 def public_methods(cls: type) -> list[str]:
-    """TRL's rule: the public methods of ``cls`` (no leading ``_``), except ``reset`` and ``get_reward``."""
+    """TRL's rule: the public methods of ``cls`` (no leading ``_``; instance or class methods, not static
+    ones), except ``reset`` and ``get_reward``."""
     out = []
     for name in dir(cls):
         if name.startswith("_") or name in NOT_TOOLS:
             continue
         attr = inspect.getattr_static(cls, name)
-        if inspect.isfunction(attr) or isinstance(attr, (staticmethod, classmethod)):
+        if inspect.isfunction(attr) or isinstance(attr, classmethod):
             out.append(name)
     return out
+
+
+def _resolve(value: Any) -> Any:
+    """Await ``value`` when an ``async def`` tool, reset or get_reward returned a coroutine."""
+    if inspect.isawaitable(value):
+        async def wait() -> Any:
+            return await value
+
+        return asyncio.run(wait())
+    return value
 
 
 def tool_schema(fn: Callable[..., Any], owner: str = "") -> dict:
@@ -185,22 +208,24 @@ def make_env_factory(tools: list[Callable[..., Any]] | None = None,
                      environment_factory: Any = None) -> Callable[[], ToolEnv]:
     """A zero-argument callable that builds one fresh :class:`ToolEnv` per trajectory.
 
-    Give exactly one of ``tools`` (plain functions) or ``environment_factory`` (a class or zero-argument
-    callable returning an environment object, or ``{name: Cls}`` whose row column ``environment`` picks
-    one). Schemas are built here, so a tool the model could not be shown fails at start-up.
+    Give ``tools`` (plain functions), ``environment_factory`` (a class, a zero-argument callable returning
+    an environment object, or ``{name: Cls}`` whose row column ``environment`` picks one), or both (as in
+    TRL, the functions are offered next to the environment's methods). Schemas are built here, so a tool
+    the model could not be shown fails at start-up.
     """
-    if (tools is None) == (environment_factory is None):
-        raise ConfigError("give exactly one of tools=[fn, ...] (plain functions) or environment_factory=Cls "
-                          f"(a class whose public methods are tools); got "
-                          f"{'both' if tools is not None else 'neither'}")
-    if tools is not None:
-        return _function_factory(tools)
+    if tools is None and environment_factory is None:
+        raise ConfigError("give tools=[fn, ...] (plain functions) and/or environment_factory=Cls (a class "
+                          "whose public methods are tools); got neither")
+    extra = _functions(tools) if tools is not None else ({}, [])
+    if environment_factory is None:
+        return lambda: ToolEnv(*extra)
     if isinstance(environment_factory, Mapping):
-        return _dict_factory(environment_factory)
-    return _class_factory(environment_factory)
+        return _dict_factory(environment_factory, extra)
+    return _class_factory(environment_factory, extra)
 
 
-def _function_factory(tools: list[Callable[..., Any]]) -> Callable[[], ToolEnv]:
+def _functions(tools: list[Callable[..., Any]]) -> tuple[dict, list[dict]]:
+    """(functions by name, their schemas) for ``tools=``."""
     if not isinstance(tools, (list, tuple)) or not tools:
         raise ConfigError(f"tools must be a non-empty list of functions, got {tools!r:.80}")
     fns: dict[str, Callable[..., Any]] = {}
@@ -211,17 +236,19 @@ def _function_factory(tools: list[Callable[..., Any]]) -> Callable[[], ToolEnv]:
         if fn.__name__ in fns:
             raise ConfigError(f"tools: two tools are named {fn.__name__!r}; tool names must be unique")
         fns[fn.__name__] = fn
-    schemas = [tool_schema(fn) for fn in fns.values()]
-    return lambda: ToolEnv(fns, schemas)
+    return fns, [tool_schema(fn) for fn in fns.values()]
 
 
-def _class_factory(factory: Any) -> Callable[[], ToolEnv]:
+def _class_factory(factory: Any, extra: tuple[dict, list[dict]] = ({}, [])) -> Callable[[], ToolEnv]:
     if not callable(factory):
         raise ConfigError(f"environment_factory must be a class (or a zero-argument callable returning an "
                           f"environment), got {factory!r:.80}")
     cls = factory if isinstance(factory, type) else None
     if cls is not None:
-        if not public_methods(cls):
+        if not callable(getattr(cls, "reset", None)):
+            raise ConfigError(f"environment_factory {cls.__name__} has no reset() method; TRL's contract needs "
+                              f"reset(self, **kwargs) -> str | None, called at the start of each rollout")
+        if not public_methods(cls) and not extra[0]:
             raise ConfigError(f"environment_factory {cls.__name__} has no public methods, so the model "
                               f"would have no tools; give it methods with type hints and docstrings")
         for name in public_methods(cls):  # fail at start-up, not at the first rollout
@@ -229,7 +256,7 @@ def _class_factory(factory: Any) -> Callable[[], ToolEnv]:
             # a plain function still has ``self``: bind it to a placeholder so the schema leaves it out
             tool_schema(fn.__get__(object(), cls) if inspect.isfunction(inspect.getattr_static(cls, name))
                         else fn, owner=cls.__name__)
-    return lambda: ClassToolEnv(factory())
+    return lambda: ClassToolEnv(factory(), extra)
 
 
 class _Selecting(ToolEnv):
@@ -247,7 +274,7 @@ class _Selecting(ToolEnv):
                               f"one of: {', '.join(self._factories)}")
         self._env = self._factories[name]()
         self.tools, self.instance = self._env.tools, self._env.instance
-        return self._env.reset(row)
+        return self._env.reset({k: v for k, v in row.items() if k != "environment"})  # TRL: not forwarded
 
     def call(self, name: str, arguments: Any) -> str:
         if self._env is None:
@@ -262,10 +289,10 @@ class _Selecting(ToolEnv):
             self._env.close()
 
 
-def _dict_factory(factories: Mapping[str, Any]) -> Callable[[], ToolEnv]:
+def _dict_factory(factories: Mapping[str, Any], extra: tuple[dict, list[dict]]) -> Callable[[], ToolEnv]:
     if not factories:
         raise ConfigError("environment_factory={} is empty; give {name: Cls, ...}")
-    built = {str(k): _class_factory(v) for k, v in factories.items()}
+    built = {str(k): _class_factory(v, extra) for k, v in factories.items()}
     return lambda: _Selecting(built)
 
 
