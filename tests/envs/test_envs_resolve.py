@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import pytest
@@ -84,3 +85,11 @@ def test_resolve_errors_say_what_to_do(plugin):
         resolve_tools([f"{plugin}:"])
     with pytest.raises(ConfigError, match="must be a list"):
         resolve_tools(f"{plugin}:shout")
+
+
+def test_importing_the_environments_stays_light():
+    # grouprl list / config validation import grouprl.envs: transformers and jsonschema load on first use
+    code = ("import sys, grouprl.builtins as b; b.load_builtins(); "
+            "print(sorted(m for m in ('transformers', 'jsonschema', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert "transformers" not in out.stdout and "jsonschema" not in out.stdout

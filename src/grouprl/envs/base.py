@@ -302,7 +302,9 @@ def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float)
     Returns ``(text, error_kind)``: the tool's text and None, or a short message for the model and one
     of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``. A Python tool that
     ignores the deadline keeps its daemon thread until it returns (tools are trusted code; untrusted
-    code belongs in the sandbox, whose jobs are killed at their deadline).
+    code belongs in the sandbox, whose jobs are killed at their deadline), and may still change the
+    environment's state after the timeout was reported. Calls on one environment are meant to be made
+    one at a time (a trajectory's tool calls in order); different environments may be called concurrently.
     """
     box: dict[str, Any] = {}
 
