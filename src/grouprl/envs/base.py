@@ -27,6 +27,8 @@ it goes to :mod:`grouprl.sandbox` (the ``python`` environment), whose jobs are k
 from __future__ import annotations
 
 import asyncio
+import copy
+import functools
 import inspect
 import json
 import threading
@@ -101,7 +103,7 @@ class ClassToolEnv(ToolEnv):
             raise ConfigError(f"environment {type(instance).__name__} has no reset() method; TRL's contract "
                               f"needs reset(self, **kwargs) -> str | None, called at the start of each rollout")
         fns = {name: getattr(instance, name) for name in public_methods(type(instance))}
-        schemas = [tool_schema(fn, owner=type(instance).__name__) for fn in fns.values()]
+        schemas = copy.deepcopy(method_schemas(type(instance)))
         clash = sorted(set(fns) & set(extra[0]))
         if clash:
             raise ConfigError(f"tool name(s) {clash} are both a method of {type(instance).__name__} and a "
@@ -135,6 +137,19 @@ def public_methods(cls: type) -> list[str]:
         attr = inspect.getattr_static(cls, name)
         if inspect.isfunction(attr) or isinstance(attr, classmethod):
             out.append(name)
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def method_schemas(cls: type) -> list[dict]:
+    """Schemas of the tool methods of ``cls`` (built once per class; ConfigError names the method)."""
+    out = []
+    for name in public_methods(cls):
+        fn = getattr(cls, name)
+        # a plain function still has ``self``: bind it to a placeholder so the schema leaves it out
+        if inspect.isfunction(inspect.getattr_static(cls, name)):
+            fn = fn.__get__(object(), cls)
+        out.append(tool_schema(fn, owner=cls.__name__))
     return out
 
 
@@ -251,11 +266,7 @@ def _class_factory(factory: Any, extra: tuple[dict, list[dict]] = ({}, [])) -> C
         if not public_methods(cls) and not extra[0]:
             raise ConfigError(f"environment_factory {cls.__name__} has no public methods, so the model "
                               f"would have no tools; give it methods with type hints and docstrings")
-        for name in public_methods(cls):  # fail at start-up, not at the first rollout
-            fn = getattr(cls, name)
-            # a plain function still has ``self``: bind it to a placeholder so the schema leaves it out
-            tool_schema(fn.__get__(object(), cls) if inspect.isfunction(inspect.getattr_static(cls, name))
-                        else fn, owner=cls.__name__)
+        method_schemas(cls)  # fail at start-up, not at the first rollout
     return lambda: ClassToolEnv(factory(), extra)
 
 
