@@ -56,8 +56,8 @@ F_TOOL = {"type": "function", "function": {"name": "f", "description": "Returns 
 def scripted_generate(tokenizer, scripts: list[list[str]], calls: list | None = None):
     """A ``generate_fn`` whose generate call ``k`` answers trajectory ``j`` with ``scripts[j][k]``.
 
-    ``j`` is the trajectory's row in the first call (later prompts are matched by their initial prefix;
-    copies of one prompt share the script of the first). Every active trajectory is in call ``k`` at its
+    ``j`` is the index of the trajectory's first prompt among the distinct first prompts (copies of one
+    prompt share a script; later prompts are matched by their initial prefix). Every active trajectory is in call ``k`` at its
     turn ``k``, so ``k`` is the turn. Texts are tokenized as the model's own sampled ids (an end-of-turn
     token written in the text is one sampled id). Each call's ``(prompts, budgets)`` is appended to ``calls``.
     """
@@ -68,8 +68,11 @@ def scripted_generate(tokenizer, scripts: list[list[str]], calls: list | None = 
             calls.append(([list(p) for p in prompts], budgets))
         k = state["turn"]
         state["turn"] += 1
-        if state["initial"] is None:
-            state["initial"] = [list(p) for p in prompts]
+        if state["initial"] is None:  # distinct first prompts, in order: script j belongs to the j-th
+            state["initial"] = []
+            for p in prompts:
+                if list(p) not in state["initial"]:
+                    state["initial"].append(list(p))
         out = []
         for prompt in prompts:
             j = next(i for i, init in enumerate(state["initial"]) if list(prompt[:len(init)]) == init)

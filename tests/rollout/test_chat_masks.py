@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rollout_helpers import F_TOOL, FIXTURES, FakeEnv, chatml_tokenizer, llama3_tokenizer, scripted_generate, template
+from rollout_helpers import (
+    F_TOOL,
+    FIXTURES,
+    FakeEnv,
+    chatml_tokenizer,
+    llama3_tokenizer,
+    scripted_generate,
+    template,
+)
 
 from grouprl.cli import main
 from grouprl.rollout.chat import (

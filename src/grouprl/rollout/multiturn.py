@@ -108,7 +108,7 @@ class _MethodEnv:
             if name.startswith("_") or name in ("reset", "get_reward", "close") or not callable(attr):
                 continue
             try:
-                self.tools.append({"type": "function", "function": get_json_schema(attr)})
+                self.tools.append(get_json_schema(attr))  # {"type": "function", "function": {...}}
             except Exception:  # no Google-style docstring: expose the name with free arguments
                 self.tools.append({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}})
 
