@@ -170,3 +170,26 @@ def test_no_environment_means_no_tools(tok):
 def test_params_are_validated(field, value):
     with pytest.raises(ValueError, match=f"MultiTurnParams.{field}={value}"):
         MultiTurnParams(**{field: value}).validate()
+
+
+class BrokenRewardEnv(FakeEnv):
+    def reward(self):
+        raise ZeroDivisionError("no score")
+
+
+def test_a_reward_that_raises_leaves_the_trajectory_unscored(tok, caplog):
+    FakeEnv.instances.clear()
+    (t,) = run(tok, [[ANSWER]], env=BrokenRewardEnv)
+    assert t.end_reason == "answered" and t.env_reward is None
+    assert "BrokenRewardEnv.reward() raised ZeroDivisionError: no score" in caplog.text
+    assert FakeEnv.instances[0].closed.is_set()
+
+
+def test_a_template_file_path_and_a_generate_fn_that_drops_rows(tok):
+    from rollout_helpers import FIXTURES
+
+    rollout = MultiTurnRollout(tok, lambda prompts, budgets, params: [], env_factory=FakeEnv,
+                               chat_template=str(FIXTURES / "llama3_tools.jinja"))
+    assert rollout.chat_template.startswith("{#- Header style")
+    with pytest.raises(ValueError, match="generate_fn returned 0 rows for 1 prompts"):
+        rollout.run([{"prompt": "q"}])

@@ -26,6 +26,7 @@ tool message that the model sees, is counted, and never stops the run.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -34,11 +35,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from grouprl.rewards.tool_call import parse_tool_blocks
-from grouprl.rollout.chat import prompt_ids, stop_token_ids, tool_turn_ids
+from grouprl.rollout.chat import load_chat_template, prompt_ids, stop_token_ids, tool_turn_ids
 from grouprl.rollout.trajectory import END_REASONS, Trajectory
 
 GenerateFn = Callable[[list[list[int]], "list[int] | int", Any], list[list[int]]]
 CallToolFn = Callable[[Any, str, dict, float], "tuple[str, str | None]"]
+log = logging.getLogger("grouprl")
 
 
 @dataclass
@@ -197,6 +199,7 @@ class MultiTurnRollout:
     ``generate_fn(prompt_id_lists, max_new_tokens, params) -> sampled id lists`` (each including the
     end-of-turn token when one was sampled; see :func:`hf_generate_fn`). ``env_factory()`` builds one
     environment per trajectory (the ToolEnv contract, or a TRL-style class); ``None`` = no tools.
+    ``chat_template``: a Jinja string or ``.jinja`` path replacing the tokenizer's (must be prefix-preserving).
     ``call_tool`` runs one call under a timeout (default :func:`call_with_timeout`).
     """
 
@@ -206,7 +209,8 @@ class MultiTurnRollout:
         self.tokenizer, self.generate_fn = tokenizer, generate_fn
         self.params = params or MultiTurnParams()
         self.params.validate()
-        self.env_factory, self.chat_template, self.call_tool = env_factory, chat_template, call_tool
+        self.env_factory, self.call_tool = env_factory, call_tool
+        self.chat_template = load_chat_template(chat_template)  # a Jinja string or a .jinja file
         self.stop_ids = set(stop_token_ids(tokenizer))
 
     def _start(self, row: dict, group: int) -> _Live:
@@ -222,6 +226,9 @@ class MultiTurnRollout:
         if live.env is not None:
             try:
                 live.traj.env_reward = live.env.reward()
+            except Exception as e:  # a broken reward scores this trajectory None (unscored), never the run
+                log.warning("multi-turn rollout: %s.reward() raised %s: %s; env_reward=None",
+                            type(live.env).__name__, type(e).__name__, e)
             finally:
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
@@ -280,6 +287,9 @@ class MultiTurnRollout:
                     budgets = [p.max_new_tokens - len(live.traj.completion_ids) for live in active]
                     outs = self.generate_fn([live.traj.prompt_ids + live.traj.completion_ids for live in active],
                                             budgets, params)
+                    if len(outs) != len(active):
+                        raise ValueError(f"multi-turn rollout: generate_fn returned {len(outs)} rows for "
+                                         f"{len(active)} prompts; it must return one id list per prompt")
                     pending = [(live, self._model_turn(live, list(out)[:b])) for live, out, b in zip(active, outs, budgets)]
                     pending = [(live, blocks) for live, blocks in pending if blocks is not None]
                     jobs = [pool.submit(_run_calls, live, blocks, p, self.call_tool) for live, blocks in pending]
