@@ -193,3 +193,23 @@ def test_a_template_file_path_and_a_generate_fn_that_drops_rows(tok):
     assert rollout.chat_template.startswith("{#- Header style")
     with pytest.raises(ValueError, match="generate_fn returned 0 rows for 1 prompts"):
         rollout.run([{"prompt": "q"}])
+
+
+def test_a_hanging_custom_call_tool_is_bounded(tok):
+    import threading
+
+    release = threading.Event()
+
+    def hanging(env, name, args, timeout_s):  # ignores its timeout
+        release.wait(10)
+        return "late", None
+
+    p = MultiTurnParams(max_turns=2, tool_timeout_s=0.1, trajectory_timeout_s=0.2)
+    rollout = MultiTurnRollout(tok, scripted_generate(tok, [[CALL_F, ANSWER]]), p, env_factory=FakeEnv,
+                               call_tool=hanging)
+    start = time.monotonic()
+    (t,) = rollout.run([{"prompt": "q"}])
+    assert time.monotonic() - start < 3
+    release.set()
+    assert t.end_reason == "timeout" and t.tool_calls[0]["error"] == "timeout"
+    assert wait_for_threads("grouprl-tools") == []

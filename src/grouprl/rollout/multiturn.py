@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -215,10 +216,15 @@ class MultiTurnRollout:
 
     def _start(self, row: dict, group: int) -> _Live:
         env = as_tool_env(self.env_factory()) if self.env_factory is not None else None
-        observation = env.reset(row) if env is not None else None
-        tools = list(getattr(env, "tools", None) or [])
-        messages = _first_messages(row, observation)
-        ids = prompt_ids(self.tokenizer, messages, tools or None, chat_template=self.chat_template)
+        try:
+            observation = env.reset(row) if env is not None else None
+            tools = list(getattr(env, "tools", None) or [])
+            messages = _first_messages(row, observation)
+            ids = prompt_ids(self.tokenizer, messages, tools or None, chat_template=self.chat_template)
+        except BaseException:
+            if env is not None:
+                env.close()
+            raise
         return _Live(Trajectory(prompt_ids=ids, messages=messages, group=group), env, tools, time.monotonic())
 
     def _finish(self, live: _Live, reason: str) -> None:
@@ -268,34 +274,45 @@ class MultiTurnRollout:
         traj.append(ids, sampled=False)
         traj.messages.extend(tool_messages)
 
+    def _wait(self, live: _Live, blocks: list, job: Any) -> list[dict]:
+        """The records of one trajectory's calls; all ``timeout`` when a custom ``call_tool`` overran its bound."""
+        p = self.params
+        bound = max(0.0, p.trajectory_timeout_s - (time.monotonic() - live.start)) + p.tool_timeout_s + 1.0
+        try:
+            return job.result(timeout=bound)
+        except FutureTimeout:
+            return [{**(call or {"name": None, "arguments": None}), "error": "timeout",
+                     "result": f"Error: the tool calls did not return within {bound:.1f} s"} for call, _ in blocks]
+
     def run(self, rows: list[dict], group_size: int = 1, params: Any = None) -> list[Trajectory]:
         """``len(rows) * group_size`` trajectories, rows ``i*G .. i*G+G-1`` of prompt ``i`` (``group = i``).
 
         ``params`` (e.g. :class:`grouprl.rollout.base.SamplingParams`) is passed to ``generate_fn`` as is.
         """
-        p = self.params
-        lives = [self._start(row, i) for i, row in enumerate(rows) for _ in range(group_size)]
+        p, lives = self.params, []
+        pool = ThreadPoolExecutor(max_workers=p.max_workers, thread_name_prefix="grouprl-tools")
         try:
-            with ThreadPoolExecutor(max_workers=p.max_workers, thread_name_prefix="grouprl-tools") as pool:
-                for _ in range(p.max_turns):
-                    for live in lives:
-                        if not live.done and time.monotonic() - live.start > p.trajectory_timeout_s:
-                            self._finish(live, "timeout")
-                    active = [live for live in lives if not live.done]
-                    if not active:
-                        break
-                    budgets = [p.max_new_tokens - len(live.traj.completion_ids) for live in active]
-                    outs = self.generate_fn([live.traj.prompt_ids + live.traj.completion_ids for live in active],
-                                            budgets, params)
-                    if len(outs) != len(active):
-                        raise ValueError(f"multi-turn rollout: generate_fn returned {len(outs)} rows for "
-                                         f"{len(active)} prompts; it must return one id list per prompt")
-                    pending = [(live, self._model_turn(live, list(out)[:b])) for live, out, b in zip(active, outs, budgets)]
-                    pending = [(live, blocks) for live, blocks in pending if blocks is not None]
-                    jobs = [pool.submit(_run_calls, live, blocks, p, self.call_tool) for live, blocks in pending]
-                    for (live, _), job in zip(pending, jobs):
-                        self._tool_turn(live, job.result())
+            lives.extend(self._start(row, i) for i, row in enumerate(rows) for _ in range(group_size))
+            for _ in range(p.max_turns):
+                for live in lives:
+                    if not live.done and time.monotonic() - live.start > p.trajectory_timeout_s:
+                        self._finish(live, "timeout")
+                active = [live for live in lives if not live.done]
+                if not active:
+                    break
+                budgets = [p.max_new_tokens - len(live.traj.completion_ids) for live in active]
+                outs = self.generate_fn([live.traj.prompt_ids + live.traj.completion_ids for live in active],
+                                        budgets, params)
+                if len(outs) != len(active):
+                    raise ValueError(f"multi-turn rollout: generate_fn returned {len(outs)} rows for "
+                                     f"{len(active)} prompts; it must return one id list per prompt")
+                pending = [(live, self._model_turn(live, list(out)[:b])) for live, out, b in zip(active, outs, budgets)]
+                pending = [(live, blocks) for live, blocks in pending if blocks is not None]
+                jobs = [pool.submit(_run_calls, live, blocks, p, self.call_tool) for live, blocks in pending]
+                for (live, blocks), job in zip(pending, jobs):
+                    self._tool_turn(live, self._wait(live, blocks, job))
         finally:
+            pool.shutdown(wait=False, cancel_futures=True)
             for live in lives:
                 if not live.done:  # an exception escaped (e.g. TemplateError): still close every env
                     live.done = True
