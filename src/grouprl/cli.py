@@ -14,7 +14,7 @@ import sys
 from grouprl import __version__
 from grouprl.errors import GroupRLError
 
-COMMANDS = ["train", "eval", "reward", "sandbox", "list"]
+COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"grouprl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"grouprl.cmd.{name}").add_parser(sub)
+        importlib.import_module(f"grouprl.cmd.{name.replace('-', '_')}").add_parser(sub)
     return parser
 
 

@@ -4,6 +4,8 @@ Calls are parsed, never evaluated: the seed's ``name(arg=..., ...)`` syntax with
 (literal values via ``ast.literal_eval``; any other expression is kept as its source text), and JSON
 ``{"name": ..., "arguments": {...}}`` (``arguments`` may itself be a JSON string, as in OpenAI's format).
 In a completion the calls are the ``<tool_call>`` blocks; a bare call / JSON object is also accepted.
+``parse_tool_blocks`` is the same parser for multi-turn rollouts: only ``<tool_call>`` blocks count, and
+each malformed one comes with the reason, which the rollout returns to the model as the tool result.
 
 Score of one call (the seed's): 0.5 for the right name + 0.5 for exactly the right arguments.
 ``shaped=True`` replaces the exact-argument half with per-key credit: half for the key set (Jaccard)
@@ -32,44 +34,68 @@ def _literal(node: ast.AST) -> Any:
         return ast.unparse(node)
 
 
-def _parse_python_call(text: str) -> Call | None:
+def _parse_python_call(text: str) -> tuple[Call | None, str | None]:
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:
+        return None, f"not valid call syntax ({type(e).__name__})"
     node = tree.body
     if not isinstance(node, ast.Call):
-        return None
+        return None, "not a call: expected name(arg=...) or a JSON object"
+    if not isinstance(node.func, (ast.Name, ast.Attribute)):
+        return None, "the called object is not a plain name"
     try:
         name = ast.unparse(node.func)
     except (ValueError, RecursionError):
-        return None
-    if not isinstance(node.func, (ast.Name, ast.Attribute)):
-        return None
+        return None, "the called name cannot be read"
     args: dict[str, Any] = {str(i): _literal(a) for i, a in enumerate(node.args)}
     for kw in node.keywords:
         if kw.arg is None:  # **kwargs cannot be resolved without evaluating
-            return None
+            return None, "**kwargs cannot be resolved without evaluating code"
         args[kw.arg] = _literal(kw.value)
-    return {"name": name, "arguments": args}
+    return {"name": name, "arguments": args}, None
 
 
-def _parse_json_call(obj: Any) -> Call | None:
+def _parse_json_call(obj: Any) -> tuple[Call | None, str | None]:
     if isinstance(obj, dict) and "function" in obj and isinstance(obj["function"], dict):
         obj = obj["function"]  # OpenAI {"type": "function", "function": {...}}
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    if not isinstance(obj.get("name"), str):
+        return None, "missing the string field 'name'"
     args = next((obj[k] for k in ("arguments", "args", "parameters") if k in obj), {})
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
         except (json.JSONDecodeError, RecursionError):
-            return None
+            return None, "'arguments' is a string that is not valid JSON"
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        return None
-    return {"name": obj["name"], "arguments": args}
+        return None, f"'arguments' must be an object, got {type(args).__name__}"
+    return {"name": obj["name"], "arguments": args}, None
+
+
+def parse_tool_call_reason(text: Any) -> tuple[Call | None, str | None]:
+    """``(call, None)`` for a parseable call, else ``(None, reason)`` saying what is malformed.
+
+    The one parser behind :func:`parse_tool_call`, the ``tool_call`` reward and the multi-turn rollout
+    (``grouprl.rollout.multiturn``), which returns the reason to the model as the tool result.
+
+    >>> parse_tool_call_reason('{"name": "search", "arguments": [1]}')
+    (None, "'arguments' must be an object, got list")
+    """
+    if isinstance(text, dict):
+        return _parse_json_call(text)
+    if not isinstance(text, str) or not text.strip():
+        return None, "empty tool call"
+    s = text.strip()
+    if s.startswith("{"):
+        try:
+            return _parse_json_call(json.loads(s))
+        except (json.JSONDecodeError, RecursionError) as e:
+            return None, f"invalid JSON ({getattr(e, 'msg', type(e).__name__)})"
+    return _parse_python_call(s)
 
 
 def parse_tool_call(text: Any) -> Call | None:
@@ -80,17 +106,7 @@ def parse_tool_call(text: Any) -> Call | None:
     >>> parse_tool_call('{"name": "search", "arguments": {"q": "GRPO"}}')
     {'name': 'search', 'arguments': {'q': 'GRPO'}}
     """
-    if isinstance(text, dict):
-        return _parse_json_call(text)
-    if not isinstance(text, str) or not text.strip():
-        return None
-    s = text.strip()
-    if s.startswith("{"):
-        try:
-            return _parse_json_call(json.loads(s))
-        except (json.JSONDecodeError, RecursionError):
-            return None
-    return _parse_python_call(s)
+    return parse_tool_call_reason(text)[0]
 
 
 def parse_tool_calls(text: Any) -> list[Call | None]:
@@ -107,6 +123,23 @@ def parse_tool_calls(text: Any) -> list[Call | None]:
     final = _text.split_think(text).final
     one = parse_tool_call(final if final is not None else text)
     return [one] if one is not None else []
+
+
+def parse_tool_blocks(text: str) -> list[tuple[Call | None, str | None]]:
+    """Each ``<tool_call>`` block of a model turn as ``(call, None)`` or ``(None, reason)``, in order.
+
+    Unlike :func:`parse_tool_calls` this never falls back to the bare text (an answer that merely looks
+    like a call is an answer), and an unclosed final block is reported as malformed, so a multi-turn
+    rollout can tell the model exactly what to fix. ``[]`` means the turn called no tool.
+
+    >>> parse_tool_blocks('<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>f(</tool_call>')
+    [({'name': 'f', 'arguments': {}}, None), (None, 'not valid call syntax (SyntaxError)')]
+    """
+    out = [parse_tool_call_reason(body) for body in _text.tool_call_bodies(text)]
+    tail = text.rsplit(_text.TOOL_CLOSE, 1)[-1]
+    if _text.TOOL_OPEN in tail:
+        out.append((None, f"unclosed {_text.TOOL_OPEN} block: close it with {_text.TOOL_CLOSE}"))
+    return out
 
 
 def _norm(v: Any) -> Any:
