@@ -52,8 +52,8 @@ LOSS_OPTIONS = {"epsilon": "eps_low", "epsilon_high": "eps_high"}
 """Config field -> the policy-loss parameter it sets."""
 
 
-def _mark_explicit(cfg: Any, name: str) -> None:
-    cfg.__dict__["_explicit"] = cfg.explicit_fields | {name}
+def _mark_explicit(cfg: Any, name: str, instead_of: str) -> None:
+    cfg.__dict__["_explicit"] = (cfg.explicit_fields - {instead_of}) | {name}
 
 
 def resolve_aliases(cfg: Any) -> None:
@@ -70,7 +70,7 @@ def resolve_aliases(cfg: Any) -> None:
                               f"{target}; set only one of them.")
         setattr(cfg, target, value)
         setattr(cfg, alias, None)
-        _mark_explicit(cfg, target)
+        _mark_explicit(cfg, target, instead_of=alias)
 
 
 def apply_preset(cfg: Any) -> None:
