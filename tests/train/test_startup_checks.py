@@ -39,7 +39,7 @@ def test_sandbox_section_is_checked_at_start_up_not_by_the_config(no_model_load,
     # the config package never imports the sandbox: its section is checked by grouprl.sandbox.config
     with pytest.raises(ConfigError, match=r"sandbox.isolaton is not a sandbox setting. Did you mean 'isolation'\?"):
         sandbox_config.check_section({"isolaton": "strict"})
-    with pytest.raises(ConfigError, match=r"sandbox.timeout=0 must be a number of seconds > 0"):
+    with pytest.raises(ConfigError, match=r"sandbox.timeout=0 must be > 0 seconds"):
         sandbox_config.check_section({"timeout": 0})
     cfg = GRPOConfig(sandbox={"isolaton": "strict"}, num_generations=4, per_device_train_batch_size=4)
     with pytest.raises(ConfigError, match=r"sandbox.isolaton is not a sandbox setting"):  # before the model

@@ -52,7 +52,7 @@ def check_section(section: Any) -> None:
                               f"Known: {', '.join(names)}.")
     timeout = section.get("timeout", SandboxConfig.timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ConfigError(f"sandbox.timeout={timeout!r} must be a number of seconds > 0.")
+        raise ConfigError(f"sandbox.timeout={timeout!r} must be > 0 seconds (a number).")
 
 
 def configure(cfg: SandboxConfig | dict | None = None, **overrides) -> SandboxConfig:
