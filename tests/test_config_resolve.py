@@ -119,8 +119,9 @@ def test_advantage_and_its_hyper_parameters(override, preset, expected):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_resolved_config_round_trips_through_yaml(preset, tmp_path):
-    cfg = GRPOConfig(algorithm=preset)
+@pytest.mark.parametrize("advantage", [None, "grpo", "dr_grpo", "rloo"])
+def test_resolved_config_round_trips_through_yaml(preset, advantage, tmp_path):
+    cfg = GRPOConfig(algorithm=preset, advantage=advantage)
     cfg.to_yaml(tmp_path / "c.yaml")
     back = GRPOConfig.from_yaml(tmp_path / "c.yaml")  # every field now set explicitly: still consistent
     assert back == cfg and back.resolved() == cfg.resolved()

@@ -6,7 +6,8 @@ Rules (each one exists because its absence once trained a different algorithm th
 * A preset's clip range (epsilon, epsilon_high) belongs to its policy loss: it applies only while that loss
   is used. Choose another loss (``policy_loss: cispo``, ``importance_sampling_level: sequence``) and that
   loss runs with its own defaults, whatever preset is named -- so writing ``algorithm: grpo`` explicitly or
-  not gives the same run. Likewise a preset's ``scale_rewards`` belongs to its advantage estimator.
+  not gives the same run. Likewise ``scale_rewards`` follows the advantage estimator: it is taken from the
+  preset built around the chosen estimator (dr_grpo and rloo: ``none``).
 * A function gets only the hyper-parameters it declares (read from its signature), its own defaults
   otherwise. An option the user set that the chosen function cannot honour is an error naming the option,
   the function and the fix; two options that say different things are an error naming both.
@@ -100,10 +101,12 @@ def apply_preset(cfg: Any) -> None:
     for name, value in preset.items():
         if name not in LOSS_OWNED + ADVANTAGE_OWNED and name not in explicit and getattr(cfg, name) is None:
             setattr(cfg, name, value)
-    if cfg.advantage == preset["advantage"]:
-        for name in ADVANTAGE_OWNED:
-            if name in preset and name not in explicit:
-                setattr(cfg, name, preset[name])
+    # the estimator's settings come from the preset built around it (rloo on the grpo preset: rloo's "none")
+    owner = preset if cfg.advantage == preset["advantage"] else next(
+        (p for p in ALGORITHM_PRESETS.values() if p["advantage"] == cfg.advantage), {})
+    for name in ADVANTAGE_OWNED:
+        if name in owner and name not in explicit:
+            setattr(cfg, name, owner[name])
     _fill_clip_range(cfg, preset if cfg.policy_loss == preset["policy_loss"] else None)
 
 
