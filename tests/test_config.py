@@ -32,9 +32,11 @@ def test_trl_aliases_and_importance_sampling_level():
     cfg = GRPOConfig(beta=0.04, max_completion_length=128)
     assert (cfg.kl_coef, cfg.max_new_tokens) == (0.04, 128)
     trl_gspo = GRPOConfig(importance_sampling_level="sequence")  # TRL's way to ask for GSPO: GSPO's defaults
-    assert (trl_gspo.algorithm, trl_gspo.policy_loss, trl_gspo.epsilon, trl_gspo.epsilon_high) == ("gspo", "gspo", 3e-4, 4e-4)
-    explicit = GRPOConfig(algorithm="grpo", importance_sampling_level="sequence")  # user's preset is kept
-    assert (explicit.policy_loss, explicit.epsilon) == ("gspo", 0.2)
+    assert trl_gspo.policy_loss == "gspo"
+    assert trl_gspo.loss_hparams() == {"eps_low": 3e-4, "eps_high": 4e-4}
+    # naming the grpo preset changes nothing: its clip range belongs to the grpo loss (was: gspo with 0.2)
+    explicit = GRPOConfig(algorithm="grpo", importance_sampling_level="sequence")
+    assert explicit.resolved() == trl_gspo.resolved() and explicit.to_dict() == trl_gspo.to_dict()
     assert GRPOConfig(scale_rewards=False).scale_rewards == "none"
     with pytest.raises(ConfigError, match="beta=0.04 and kl_coef=0.1 disagree"):
         GRPOConfig(beta=0.04, kl_coef=0.1)
@@ -48,7 +50,7 @@ def test_batch_arithmetic_error_names_the_formula():
     assert "not divisible by num_generations 8" in msg and "multiple of 8" in msg
     with pytest.raises(ConfigError, match="steps_per_generation 3 is not a multiple of gradient_accumulation_steps 2"):
         GRPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=2, steps_per_generation=3)
-    # the seed's numbers: 1 completion per micro-batch x 8 micro-batches = one group of 8
+    # 1 completion per micro-batch x 8 micro-batches = one group of 8
     seed = GRPOConfig(num_generations=8, per_device_train_batch_size=1, gradient_accumulation_steps=8)
     assert (seed.generation_batch_size, seed.prompts_per_generation, seed.needs_old_logp) == (8, 1, False)
     assert GRPOConfig(num_iterations=2).needs_old_logp

@@ -4,7 +4,8 @@
   errors / types only. No I/O (os, pathlib, subprocess, io, json, ...), no config, no trainer, no logging.
   It also never calls ``.item()`` or ``print`` (metrics stay tensors; the trainer reduces and logs).
 - ``grouprl/rewards/`` is pure Python: it never imports torch.
-- ``grouprl/config.py`` imports no torch (so ``--help`` and validation stay instant).
+- ``grouprl/config/`` imports no torch and nothing of grouprl but errors / registry / builtins, the last two
+  only lazily inside functions (so ``--help`` and validation stay instant, and the config never loads the sandbox).
 """
 
 from __future__ import annotations
@@ -91,12 +92,33 @@ def test_rewards_never_import_torch(path):
     assert not bad, f"{path.relative_to(SRC)} imports {bad}; rewards/ must stay pure Python (no torch)"
 
 
-def test_config_imports_no_torch():
-    path = SRC / "config.py"
-    if not path.exists():
-        pytest.skip("grouprl/config.py not written yet")
-    bad = [n for n in _imports(path) if _allowed(n, {"torch", "transformers", "grouprl.train", "grouprl.algo"})]
-    assert not bad, f"config.py imports {bad}; it must stay torch-free"
+CONFIG_STDLIB = {"__future__", "ast", "dataclasses", "functools", "inspect", "math", "pathlib", "typing",
+                 "warnings", "importlib", "yaml"}
+
+
+def _module_level_imports(path: pathlib.Path) -> list[str]:
+    """Imports made when the module is imported (its top-level import statements)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    eager = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    return _imports_in(ast.unparse(ast.Module(body=eager, type_ignores=[])), package)
+
+
+@pytest.mark.parametrize("path", _files("config"), ids=lambda p: p.name)
+def test_config_imports_no_torch_no_sandbox_only_errors_registry_builtins(path):
+    names = _imports(path)
+    bad = [n for n in names if not _allowed(n, CONFIG_STDLIB | {"grouprl.config", "grouprl.errors",
+                                                                "grouprl.registry", "grouprl.builtins"})]
+    assert not bad, f"{path.relative_to(SRC)} imports {bad}; config/ may import the stdlib, yaml, errors, " \
+                    f"and (lazily) registry / builtins only"
+    eager = [n for n in _module_level_imports(path) if _allowed(n, {"grouprl.registry", "grouprl.builtins"})]
+    assert not eager, f"{path.relative_to(SRC)} imports {eager} at module level; import them inside a function"
+
+
+def test_config_package_is_scanned():
+    assert not (SRC / "config.py").exists(), "grouprl/config.py and grouprl/config/ would shadow each other"
+    assert {"__init__.py", "fields.py", "presets.py", "validate.py", "io.py"} <= {p.name for p in _files("config")}
 
 
 def test_import_resolver_sees_relative_lazy_and_dynamic_imports():

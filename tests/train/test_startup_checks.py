@@ -35,10 +35,17 @@ def no_strict(monkeypatch):
     monkeypatch.setattr(capabilities, "detect", lambda: fake)
 
 
-def test_sandbox_section_is_validated_with_the_config():
+def test_sandbox_section_is_checked_at_start_up_not_by_the_config(no_model_load, tiny_model_dir):
+    # the config package never imports the sandbox: its section is checked by grouprl.sandbox.config
     with pytest.raises(ConfigError, match=r"sandbox.isolaton is not a sandbox setting. Did you mean 'isolation'\?"):
-        GRPOConfig(sandbox={"isolaton": "strict"})
-    with pytest.raises(ConfigError, match="sandbox=.* must be a mapping"):
+        sandbox_config.check_section({"isolaton": "strict"})
+    with pytest.raises(ConfigError, match=r"sandbox.timeout=0 must be > 0 seconds"):
+        sandbox_config.check_section({"timeout": 0})
+    cfg = GRPOConfig(sandbox={"isolaton": "strict"}, num_generations=4, per_device_train_batch_size=4)
+    with pytest.raises(ConfigError, match=r"sandbox.isolaton is not a sandbox setting"):  # before the model
+        GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=TRAIN_ROWS)
+    assert main(["train", "sandbox.isolaton=strict", "num_generations=4", "--dry-run"]) == 2
+    with pytest.raises(ConfigError, match="sandbox=.* must be a mapping"):  # a field type: checked by the config
         GRPOConfig(sandbox="strict")
     assert GRPOConfig.from_yaml(None, ["sandbox.timeout=3", "sandbox.workers=2"]).sandbox == {"timeout": 3,
                                                                                              "workers": 2}
@@ -52,7 +59,7 @@ def test_sandbox_section_is_applied_at_start_up(no_model_load, no_strict, tiny_m
     now = sandbox_config.current()
     assert (now.isolation, now.timeout, now.workers) == ("basic", 2.5, 3)
     # no section and no code reward: the sandbox is not touched (a machine without bwrap can still train)
-    assert GRPOConfig(reward_funcs=["exact"], eval_reward="exact").configure_sandbox() is None
+    assert sandbox_config.configure_for_run(GRPOConfig(reward_funcs=["exact"], eval_reward="exact")) is None
 
 
 @pytest.mark.parametrize("settings", [dict(sandbox={"isolation": "strict"}),

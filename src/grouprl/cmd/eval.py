@@ -23,9 +23,10 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from grouprl.config import GRPOConfig
+    from grouprl.sandbox.config import configure_for_run
 
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
-    cfg.configure_sandbox()
+    configure_for_run(cfg)
     temperature, n, ks = decoding_plan(cfg, args.temperature, args.num_samples, args.k)
     if temperature == 0 and args.num_samples is None and cfg.eval_num_samples > 1:
         print(f"note: greedy decoding (--temperature 0): 1 sample per prompt instead of the recipe's "

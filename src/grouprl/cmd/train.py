@@ -20,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from grouprl.config import GRPOConfig
+    from grouprl.sandbox.config import configure_for_run
 
     if args.help_config:
         for name, doc in GRPOConfig.field_docs().items():
@@ -28,7 +29,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.check_names()
     cfg.check_reward_kwargs()
-    cfg.configure_sandbox()
+    configure_for_run(cfg)
     from grouprl.train.output_dir import check_output_dir
 
     check_output_dir(cfg, args.resume)  # an earlier run's checkpoints: refuse before any model loads

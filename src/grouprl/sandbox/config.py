@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from grouprl.errors import ConfigError, did_you_mean
 
@@ -39,6 +40,21 @@ class SandboxConfig:
 _CURRENT = SandboxConfig()
 
 
+def check_section(section: Any) -> None:
+    """Check a run config's ``sandbox:`` section without applying it: a mapping of SandboxConfig fields.
+    Raises ConfigError naming the key or value and the fix."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"sandbox={section!r} must be a mapping, e.g. {{isolation: strict, timeout: 10}}.")
+    names = [f.name for f in dataclasses.fields(SandboxConfig)]
+    for key in section:
+        if key not in names:
+            raise ConfigError(f"sandbox.{key} is not a sandbox setting.{did_you_mean(str(key), names)} "
+                              f"Known: {', '.join(names)}.")
+    timeout = section.get("timeout", SandboxConfig.timeout)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"sandbox.timeout={timeout!r} must be > 0 seconds (a number).")
+
+
 def configure(cfg: SandboxConfig | dict | None = None, **overrides) -> SandboxConfig:
     """Set the process-wide sandbox settings and check the isolation level now; returns them."""
     global _CURRENT
@@ -47,17 +63,27 @@ def configure(cfg: SandboxConfig | dict | None = None, **overrides) -> SandboxCo
     base = cfg if isinstance(cfg, SandboxConfig) else SandboxConfig()
     values = dict(cfg) if isinstance(cfg, dict) else {}
     values.update(overrides)
-    names = [f.name for f in dataclasses.fields(SandboxConfig)]
-    for key in values:
-        if key not in names:
-            raise ConfigError(f"sandbox.{key} is not a sandbox setting.{did_you_mean(key, names)} "
-                              f"Known: {', '.join(names)}.")
+    check_section(values)
     new = dataclasses.replace(base, **values)
     if new.timeout <= 0:
         raise ConfigError(f"sandbox.timeout={new.timeout} must be > 0 seconds")
     resolve_isolation(new.isolation)
     _CURRENT = new
     return new
+
+
+def configure_for_run(run: Any) -> SandboxConfig | None:
+    """Start-up step of a training or evaluation run (``run``: a GRPOConfig): check its ``sandbox`` section,
+    and apply it (:func:`configure`) when it is set or a ``code`` reward is used, so an isolation level this
+    machine cannot give fails now, before any model loads (ConfigError / SandboxUnavailable). Returns the
+    SandboxConfig, or ``None`` when no sandbox is involved."""
+    check_section(run.sandbox)
+    funcs = run.reward_funcs if isinstance(run.reward_funcs, (list, tuple)) else [run.reward_funcs]
+    names = [r for r in funcs if isinstance(r, str)] + [run.eval_reward]
+    code_task = any(isinstance(kw, dict) and kw.get("task_type") == "code" for kw in run.reward_kwargs.values())
+    if not (run.sandbox or "code" in names or code_task):
+        return None
+    return configure(dict(run.sandbox))
 
 
 def current() -> SandboxConfig:

@@ -40,7 +40,9 @@ class GRPOTrainer:
         cfg.validate()
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
-        cfg.configure_sandbox()  # an isolation level this machine cannot give fails here, not mid-run
+        from grouprl.sandbox.config import configure_for_run
+
+        configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
         from grouprl.train.model import (
             apply_peft,
             apply_torch_threads,

@@ -1,0 +1,359 @@
+"""The ``GRPOConfig`` dataclass: every field of a run with its documentation.
+
+A field's docstring (the string literal under it) is its documentation: ``grouprl train --help-config``
+and the docs read them from here (:meth:`GRPOConfig.field_docs`). Defaults live only in this dataclass.
+Building a config resolves the TRL aliases and the ``algorithm`` preset (:mod:`grouprl.config.presets`) and
+validates it (:mod:`grouprl.config.validate`); which fields the user set is remembered
+(:attr:`GRPOConfig.explicit_fields`), so a preset or an alias never overrides one of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from grouprl.config import io, presets, validate
+from grouprl.errors import ConfigError, did_you_mean
+
+
+@dataclass
+class GRPOConfig:
+    """Configuration of one GRPO-family run (see the module docstring for the conventions)."""
+
+    # ---- where things come from and go -------------------------------------------------------
+    output_dir: str = "outputs/grouprl"
+    """Directory for checkpoints, ``metrics.jsonl``, ``samples.jsonl`` and TensorBoard logs."""
+    overwrite_output_dir: bool = False
+    """A fresh (non-resume) run into an output_dir that holds an earlier run's checkpoints or final model is
+    an error unless this is true; when true, the earlier run's checkpoint-*/, final/, metrics.jsonl,
+    samples.jsonl and TensorBoard events are deleted at start so nothing of it mixes with the new run.
+    Ignored when resuming (``--resume`` / resume_from_checkpoint)."""
+    model: str | None = None
+    """Hub id, local path or ``builtin:<name>``; not needed when a loaded model is passed to the trainer."""
+    dataset: str | None = None
+    """A .jsonl/.json/.parquet/.csv file, a directory, a hub name, or ``builtin:<task>``."""
+    dataset_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``builtin:`` tasks (``load_task``) or ``datasets.load_dataset``."""
+    train_split: str = "train"
+    """Split used for training."""
+    eval_split: str | None = "test"
+    """Held-out split for evaluation (``None`` = no evaluation)."""
+    prompt_column: str = "prompt"
+    """Column holding the prompt: plain text, or chat messages (the chat template is applied)."""
+    system_prompt: str | None = None
+    """Optional system message prepended to every prompt (chat models)."""
+    max_train_samples: int | None = None
+    """Use at most this many training rows (``None`` = all)."""
+    max_eval_samples: int | None = None
+    """Use at most this many held-out rows (``None`` = all)."""
+
+    # ---- rewards ----------------------------------------------------------------------------
+    reward_funcs: list = field(default_factory=lambda: ["accuracy"])
+    """Reward names from the registry, or ``pkg.mod:fn`` naming a PER-SAMPLE function
+    ``fn(completion, *, answer=None, **columns) -> float | None``. Python callers may also pass TRL-style
+    batch callables ``fn(completions, prompts, **columns) -> list`` to the trainer."""
+    reward_weights: list | None = None
+    """One weight per reward function (``None`` = all 1.0); the total reward is the weighted sum."""
+    reward_kwargs: dict = field(default_factory=dict)
+    """Per-reward keyword arguments, e.g. ``{accuracy: {task_type: math}}``."""
+    missing_reward: str = "exclude"
+    """What a ``None`` reward ("no opinion") means. ``exclude``: a completion whose total reward is unknown (any
+    reward function returned None for it) takes no part in its group's statistics, gets advantage 0 and no
+    loss. ``zero``: None counts as 0."""
+    eval_reward: str = "accuracy"
+    """Reward whose mean on the held-out split is reported as accuracy."""
+    sandbox: dict = field(default_factory=dict)
+    """Code sandbox settings (``grouprl.sandbox.SandboxConfig``: isolation auto|strict|basic, timeout,
+    test_timeout, workers, budget, memory_mb, nproc, hide_paths). Applied at start-up, before any model loads,
+    whenever this is set or a ``code`` reward is used, so an isolation level the machine cannot give fails
+    at once."""
+
+    # ---- algorithm ----------------------------------------------------------------------------
+    algorithm: str | None = None
+    """Preset: grpo (arXiv:2402.03300), gspo (arXiv:2507.18071), dr_grpo (arXiv:2503.20783), dapo
+    (arXiv:2503.14476) or rloo (arXiv:2402.14740); ``None`` = grpo. A preset fills only the algorithm fields
+    the user left unset, and its clip range (epsilon, epsilon_high) applies only while its own policy_loss
+    is used: choose another loss and that loss gets its own defaults. ``grouprl list`` shows each preset."""
+    policy_loss: str | None = None
+    """POLICY_LOSSES name (grpo, gspo, gspo_token, cispo) or a plug-in ``pkg.mod:fn``; ``None`` = from
+    importance_sampling_level, else the preset's."""
+    importance_sampling_level: str | None = None
+    """TRL's switch between ratio levels: ``token`` = policy_loss grpo (arXiv:2402.03300), ``sequence`` =
+    gspo (arXiv:2507.18071, Eq. 5), ``sequence_token`` = gspo_token (Eq. 13). Setting it and a different
+    policy_loss is an error."""
+    advantage: str | None = None
+    """ADVANTAGES name (grpo, dr_grpo, rloo) or a plug-in; ``None`` = from the preset."""
+    loss_aggregation: str | None = None
+    """AGGREGATIONS name (token_mean, seq_mean_token_mean, seq_mean_token_sum_norm); ``None`` = the preset's."""
+    epsilon: float | None = None
+    """Lower clip range of the importance ratio: clip(ratio, 1 - epsilon, 1 + epsilon_high) (PPO,
+    arXiv:1707.06347, Eq. 7); 0 <= epsilon < 1. ``None`` = the preset's (when its loss is used) or the loss's
+    own default (grpo 0.2, gspo 3e-4, cispo 1.0 = no lower bound). Setting it for a loss without a clip range
+    is an error. Set alone, epsilon_high follows it (keeping the preset's clip-higher gap)."""
+    epsilon_high: float | None = None
+    """Upper clip range (1 + epsilon_high), 0 <= epsilon_high <= 10; > epsilon is DAPO's clip-higher
+    (arXiv:2503.14476, Eq. 8: 0.28). ``None`` = the preset's, epsilon's, or the loss's own default."""
+    loss_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the policy loss function (e.g. ``dual_clip: 3.0`` for grpo,
+    arXiv:1912.09729); each must be a parameter the function declares."""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments of the advantage estimator (e.g. ``std: unbiased`` for grpo); each must be a
+    parameter the estimator declares."""
+    scale_rewards: str = "group"
+    """Advantage scaling, passed as ``scale`` to estimators that take one (grpo): divide by the group std
+    (``group``, arXiv:2402.03300), the batch std (``batch``, arXiv:2508.08221) or not (``none``, as Dr. GRPO,
+    arXiv:2503.20783). Set to anything but ``none`` with an estimator that takes no ``scale`` (dr_grpo, rloo)
+    it is an error; so is setting it and a different ``advantage_kwargs.scale``. TRL's true/false mean
+    group/none."""
+    kl_coef: float | None = None
+    """beta: weight of the KL(pi_theta || pi_ref) penalty; 0 = no reference model at all. Alias: ``beta``."""
+    kl_estimator: str = "k3"
+    """KL_ESTIMATORS name for the per-token KL penalty (Schulman 2020, "Approximating KL Divergence"): k1,
+    k2 or k3 (GRPO's, arXiv:2402.03300, Eq. 4). k1 as a loss term has zero expected gradient, so with
+    kl_coef > 0 it warns."""
+    num_iterations: int = 1
+    """mu: optimisation passes over each generation batch (> 1 needs old log-probs)."""
+    steps_per_generation: int | None = None
+    """Micro-batches per generation round (``None`` = gradient_accumulation_steps)."""
+    dynamic_sampling: str | None = None
+    """Groups whose rewards all agree give no signal: ``none``, ``drop`` them, or ``resample`` (DAPO)."""
+    max_resample_rounds: int = 3
+    """With dynamic_sampling=resample: extra generation rounds tried to fill the batch."""
+    mask_truncated_completions: bool | None = None
+    """Exclude completions that hit max_new_tokens without EOS from the loss."""
+
+    # ---- batch and optimisation ---------------------------------------------------------------
+    num_generations: int = 8
+    """G: completions sampled per prompt."""
+    per_device_train_batch_size: int = 8
+    """Completions per micro-batch (forward/backward)."""
+    gradient_accumulation_steps: int = 1
+    """Micro-batches per optimizer step."""
+    num_train_epochs: float = 1.0
+    """Passes over the training prompts (ignored when max_steps > 0)."""
+    max_steps: int = -1
+    """Optimizer steps to run (> 0 overrides num_train_epochs)."""
+    learning_rate: float = 1e-6
+    """AdamW peak learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.99
+    """AdamW beta2."""
+    adam_epsilon: float = 1e-8
+    """AdamW epsilon."""
+    lr_scheduler_type: str = "cosine"
+    """Schedule after warm-up: cosine, linear or constant."""
+    warmup_ratio: float = 0.0
+    """Fraction of the optimizer steps used for linear warm-up."""
+    warmup_steps: int = 0
+    """Warm-up steps (overrides warmup_ratio when > 0)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm (0 = no clipping; the norm is still logged)."""
+    max_consecutive_skips: int = 5
+    """An optimizer step whose loss or gradient norm is not finite is skipped (its gradients dropped, counted
+    in ``skipped_steps``); after this many consecutive skips the run stops with an error."""
+    seed: int = 42
+    """Seed for data order, sampling and initialisation."""
+    torch_num_threads: int | None = None
+    """CPU threads for torch (``torch.set_num_threads``, applied at start-up before the model loads);
+    ``None`` = leave torch's default (which follows OMP_NUM_THREADS; the Makefile's ``run`` target sets
+    OMP_NUM_THREADS=1). Pin it in a recipe for repeatable runs: same seed + same threads -> same run."""
+
+    # ---- generation ---------------------------------------------------------------------------
+    max_new_tokens: int = 256
+    """Maximum completion length in tokens. Alias: ``max_completion_length``."""
+    max_prompt_length: int | None = 512
+    """Prompts longer than this are cut from the left (``None`` = no limit)."""
+    temperature: float = 1.0
+    """Sampling temperature for rollouts; log-probs are taken under the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (< 1 truncates the rollout distribution; the loss still uses the full
+    softmax, as TRL does, so rollouts become slightly off-policy)."""
+    top_k: int = 0
+    """Top-k sampling (0 = off; the same caveat as top_p)."""
+    rollout_backend: str = "transformers"
+    """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
+    lean_sampler: bool | None = None
+    """Use grouprl's lean KV-cache sampler (Llama / Qwen2 architectures) instead of ``model.generate`` for
+    rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
+    what ``generate`` samples), off on CUDA/MPS; ``true`` / ``false`` force it."""
+
+    # ---- evaluation ---------------------------------------------------------------------------
+    eval_steps: int = 0
+    """Evaluate every N optimizer steps (0 = only before and after training)."""
+    eval_before_train: bool = True
+    """Evaluate the starting model on the held-out split."""
+    eval_temperature: float = 0.0
+    """Decoding for evaluation: 0 = greedy, > 0 = sampling."""
+    eval_num_samples: int = 1
+    """Samples per held-out prompt (pass@k uses these; needs eval_temperature > 0 when > 1)."""
+    eval_batch_size: int = 32
+    """Prompts per generate call during evaluation."""
+    eval_max_new_tokens: int | None = None
+    """Completion length for evaluation (``None`` = max_new_tokens)."""
+
+    # ---- precision, device, memory ----------------------------------------------------------------
+    bf16: bool = False
+    """bf16 autocast where the device supports it (fp32 with one warning elsewhere)."""
+    device: str = "auto"
+    """auto, cpu, cuda or mps."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    use_peft: bool = False
+    """Train a LoRA adapter instead of all weights; the reference is the base with the adapter off."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_dropout: float = 0.0
+    """LoRA dropout."""
+    lora_target_modules: Any = "all-linear"
+    """LoRA target modules (a list of names or ``all-linear``)."""
+
+    # ---- logging and checkpoints ----------------------------------------------------------------
+    logging_steps: int = 1
+    """Log metrics every N optimizer steps."""
+    report_to: Any = "none"
+    """Extra sinks besides metrics.jsonl: ``tensorboard``, ``wandb``, a list of them, ``all`` (every installed
+    one) or ``none``. A sink named explicitly must be installed (checked before the model loads)."""
+    run_name: str | None = None
+    """Name for TensorBoard / W&B (``None`` = output_dir's name)."""
+    log_completions_steps: int = 10
+    """Write prompt, completion and each reward to samples.jsonl every N steps (0 = never)."""
+    num_completions_to_log: int = 8
+    """Completions written per samples.jsonl record."""
+    progress_bar: bool = True
+    """Show a rich progress bar with live reward, KL and clip fraction."""
+    save_strategy: str = "steps"
+    """``steps`` (every save_steps), ``epoch`` or ``no``; a final model is always saved."""
+    save_steps: int = 500
+    """Checkpoint every N optimizer steps."""
+    save_total_limit: int | None = None
+    """Keep at most this many checkpoints (oldest removed first)."""
+    resume_from_checkpoint: Any = None
+    """A checkpoint directory, or ``true`` for the latest one in output_dir."""
+
+    # ---- TRL aliases (resolved into the fields above) -------------------------------------------
+    beta: float | None = None
+    """Alias of kl_coef (TRL's name)."""
+    max_completion_length: int | None = None
+    """Alias of max_new_tokens (TRL's name)."""
+
+
+    def __post_init__(self) -> None:
+        presets.resolve_aliases(self)
+        presets.apply_preset(self)
+        self.validate()
+
+    # ------------------------------------------------------------------------------------------
+    @property
+    def explicit_fields(self) -> frozenset[str]:
+        """Names of the fields the user set (a keyword given with a value other than ``None``)."""
+        return self.__dict__.get("_explicit", frozenset())
+
+    @property
+    def effective_steps_per_generation(self) -> int:
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions per generation round = per_device_train_batch_size * steps_per_generation."""
+        return self.per_device_train_batch_size * self.effective_steps_per_generation
+
+    @property
+    def prompts_per_generation(self) -> int:
+        return self.generation_batch_size // self.num_generations
+
+    @property
+    def needs_old_logp(self) -> bool:
+        """Old log-probs differ from the current ones only when the policy moves between uses."""
+        return self.num_iterations > 1 or self.effective_steps_per_generation > self.gradient_accumulation_steps
+
+    @property
+    def report_targets(self) -> list[str]:
+        targets = [self.report_to] if isinstance(self.report_to, str) else list(self.report_to or [])
+        if "all" in targets:  # as in transformers: every installed integration
+            import importlib.util
+
+            return ["tensorboard"] + (["wandb"] if importlib.util.find_spec("wandb") is not None else [])
+        return [t for t in targets if t not in ("none", "jsonl")]
+
+    # ------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Check types, values and batch arithmetic; raises ConfigError naming the field, value and fix."""
+        validate.validate(self)
+
+    def check_names(self) -> None:
+        """Check registry names, the hyper-parameters each chosen function can honour, and that the report_to
+        sinks are installed (imports grouprl.algo, still no model)."""
+        validate.check_names(self)
+
+    def check_reward_kwargs(self, reward_funcs: Any = None) -> None:
+        """Every ``reward_kwargs`` key names a reward in use (``reward_funcs`` or ``eval_reward``)."""
+        validate.check_reward_kwargs(self, reward_funcs)
+
+    def resolved(self) -> dict[str, Any]:
+        """The functions and hyper-parameters training calls (see :func:`grouprl.config.presets.resolved`)."""
+        return presets.resolved(self)
+
+    def loss_hparams(self) -> dict[str, Any]:
+        """Keyword arguments for the policy loss: only those its function declares, its own defaults otherwise."""
+        return presets.resolved(self)["loss_hparams"]
+
+    def advantage_hparams(self) -> dict[str, Any]:
+        """Keyword arguments for the advantage estimator (``scale`` from scale_rewards when it takes one)."""
+        return presets.resolved(self)["advantage_hparams"]
+
+    # ------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in presets.ALIASES}
+
+    def to_yaml(self, path: str | Path) -> None:
+        io.write_yaml(self.to_dict(), path)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GRPOConfig:
+        return cls(**io.coerce_all(cls, data))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> GRPOConfig:
+        """Load a YAML recipe (may be ``None``) and apply ``key=value`` overrides (dotted keys nest)."""
+        return cls.from_dict(io.read_yaml(path, overrides))
+
+    @classmethod
+    def field_docs(cls) -> dict[str, str]:
+        """field name -> docstring, read from the source (the single source of --help and docs)."""
+        tree = ast.parse(inspect.getsource(cls))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        docs: dict[str, str] = {}
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)  # type: ignore[attr-defined]
+        return docs
+
+
+def _checked_init(init):
+    """Wrap the dataclass ``__init__``: a misspelt keyword is a ConfigError with a did-you-mean, and the
+    fields the caller set are remembered (presets and aliases never override them)."""
+
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        names = [f.name for f in fields(GRPOConfig)]
+        for key in kwargs:
+            if key not in names:
+                raise ConfigError(f"unknown config key {key!r}.{did_you_mean(key, names)} "
+                                  f"See `grouprl train --help-config` for every field.")
+        given = dict(zip(names, args)) | kwargs
+        self.__dict__["_explicit"] = frozenset(k for k, v in given.items() if v is not None)
+        init(self, *args, **kwargs)
+
+    return wrapper
+
+
+GRPOConfig.__init__ = _checked_init(GRPOConfig.__init__)  # type: ignore[method-assign]

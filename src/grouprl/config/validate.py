@@ -1,0 +1,197 @@
+"""Validation of a :class:`~grouprl.config.GRPOConfig`: every message names the field, the value and the fix.
+
+:func:`validate` runs when a config is built (no registry, no torch); :func:`check_names` runs at start-up
+before any model loads and resolves the registry functions (:func:`grouprl.config.presets.resolved`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import fields
+from typing import Any
+
+from grouprl.errors import ConfigError, did_you_mean
+
+CHOICES = {
+    "scale_rewards": ("group", "batch", "none"),
+    "dynamic_sampling": ("none", "drop", "resample"),
+    "lr_scheduler_type": ("cosine", "linear", "constant"),
+    "save_strategy": ("steps", "epoch", "no"),
+    "device": ("auto", "cpu", "cuda", "mps"),
+    "missing_reward": ("exclude", "zero"),
+}
+REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
+_KINDS = {  # annotation -> (accepts, what to write)
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "a whole number"),
+    "float": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "dict": (lambda v: isinstance(v, dict), "a mapping (YAML `{name}: {{key: value}}`, override `{name}.key=value`)"),
+    "list": (lambda v: isinstance(v, (list, tuple)), "a list (YAML `{name}: [a, b]`)"),
+}
+_warned: set[str] = set()
+
+
+def validate(cfg: Any) -> None:
+    """Every check that needs no registry; called when the config is built."""
+    check_types(cfg)
+    check_choices(cfg)
+    check_batch(cfg)
+    check_ranges(cfg)
+    check_consistency(cfg)
+    warn_k1(cfg)
+
+
+def check_types(cfg: Any) -> None:
+    """Each field holds what its annotation says (``Any`` fields are checked by their own rules)."""
+    for f in fields(cfg):
+        kinds = [k.strip() for k in str(f.type).split("|")]
+        value = getattr(cfg, f.name)
+        if "Any" in kinds or (value is None and "None" in kinds):
+            continue
+        known = [k for k in kinds if k in _KINDS]
+        if not known or any(_KINDS[k][0](value) for k in known):
+            continue
+        want = " or ".join(_KINDS[k][1].format(name=f.name) for k in known) + (" or null" if "None" in kinds else "")
+        raise ConfigError(f"{f.name}={value!r} must be {want}; got a {type(value).__name__}.")
+
+
+def check_choices(cfg: Any) -> None:
+    for name, choices in CHOICES.items():
+        value = getattr(cfg, name)
+        if value not in choices:
+            raise ConfigError(f"{name}={value!r} must be one of {', '.join(map(repr, choices))}."
+                              + did_you_mean(str(value), choices))
+    for target in [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to or []):
+        if target not in REPORT_TARGETS:
+            raise ConfigError(f"report_to={target!r} must be among {', '.join(REPORT_TARGETS)}."
+                              + did_you_mean(str(target), REPORT_TARGETS))
+    if cfg.rollout_backend != "transformers" and ":" not in cfg.rollout_backend:
+        raise ConfigError(f"rollout_backend={cfg.rollout_backend!r}: use 'transformers' or a plug-in "
+                          f"'package.module:Class' implementing grouprl.rollout.base.Backend.")
+
+
+def check_batch(cfg: Any) -> None:
+    """Batch arithmetic (TRL's convention), with the formula in the message."""
+    _positive_ints(cfg, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                   "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size", "eval_num_samples",
+                   "save_steps", "num_completions_to_log", "max_consecutive_skips")
+    G = cfg.num_generations
+    if G < 2:
+        raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs "
+                          f"at least 2 (8 is a good start).")
+    if cfg.steps_per_generation is not None and cfg.steps_per_generation < 1:
+        raise ConfigError(f"steps_per_generation={cfg.steps_per_generation} must be >= 1 (or null).")
+    spg, ga = cfg.effective_steps_per_generation, cfg.gradient_accumulation_steps
+    if spg % ga:
+        raise ConfigError(
+            f"steps_per_generation {spg} is not a multiple of gradient_accumulation_steps {ga}: each "
+            f"generation round must hold whole optimizer steps. Fix: set steps_per_generation to a multiple of {ga}."
+        )
+    gen = cfg.generation_batch_size
+    if gen % G:
+        lo, hi = (gen // G) * G, (gen // G + 1) * G
+        raise ConfigError(
+            f"generation batch {gen} (= per_device_train_batch_size {cfg.per_device_train_batch_size} x "
+            f"steps_per_generation {spg}) is not divisible by num_generations {G}. Fix: change "
+            f"per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation so the "
+            f"product is a multiple of {G} (e.g. {hi}{f' or {lo}' if lo else ''}), or change num_generations."
+        )
+    if cfg.num_train_epochs <= 0 and cfg.max_steps <= 0:
+        raise ConfigError(f"num_train_epochs={cfg.num_train_epochs} and max_steps={cfg.max_steps}: set "
+                          f"num_train_epochs > 0 or max_steps > 0.")
+
+
+def check_ranges(cfg: Any) -> None:
+    _range(cfg, "learning_rate", 0.0, None, open_low=True)
+    _range(cfg, "warmup_ratio", 0.0, 1.0, open_high=True)
+    _range(cfg, "temperature", 0.0, None, open_low=True,
+           fix="sampling needs a positive temperature (0.6-1.0 typical); greedy rollouts all agree")
+    _range(cfg, "top_p", 0.0, 1.0, open_low=True)
+    _range(cfg, "eval_temperature", 0.0, None)
+    _range(cfg, "max_grad_norm", 0.0, None)
+    _range(cfg, "kl_coef", 0.0, None)
+    _range(cfg, "epsilon", 0.0, 1.0, open_high=True,
+           fix="the lower clip bound 1 - epsilon must stay > 0 (0.2 is usual; leave it unset for the loss's "
+               "own default, e.g. cispo's 1.0 = no lower bound)")
+    _range(cfg, "epsilon_high", 0.0, 10.0,
+           fix="the upper clip bound is 1 + epsilon_high (0.2-0.28 usual, 4e-4 for gspo)")
+    _range(cfg, "lora_dropout", 0.0, 1.0, open_high=True)
+    if cfg.top_k < 0:
+        raise ConfigError(f"top_k={cfg.top_k} must be >= 0 (0 = off).")
+    if cfg.torch_num_threads is not None and cfg.torch_num_threads < 1:
+        raise ConfigError(f"torch_num_threads={cfg.torch_num_threads!r} must be a whole number >= 1 "
+                          f"(or null to leave torch's default).")
+
+
+def check_consistency(cfg: Any) -> None:
+    """Options that must agree with each other."""
+    if cfg.epsilon_high is not None and cfg.epsilon is not None and cfg.epsilon_high < cfg.epsilon:
+        raise ConfigError(f"epsilon_high={cfg.epsilon_high} is below epsilon={cfg.epsilon}; clip-higher "
+                          f"needs epsilon_high >= epsilon.")
+    if cfg.eval_num_samples > 1 and cfg.eval_temperature == 0:
+        raise ConfigError(f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 gives identical "
+                          f"greedy samples. Fix: set eval_temperature > 0 (e.g. 0.7) for pass@k.")
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.reward_funcs):
+        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
+                          f"{len(cfg.reward_funcs)}: give one weight per reward function.")
+
+
+def warn_k1(cfg: Any) -> None:
+    """k1 = log(pi/pi_ref) has expected gradient zero as a loss term (its expectation's gradient comes from
+    the sampling distribution, which a per-token loss does not differentiate): warn once."""
+    if cfg.kl_estimator == "k1" and cfg.kl_coef and cfg.kl_coef > 0:
+        msg = (f"kl_estimator='k1' with kl_coef={cfg.kl_coef}: as a loss term k1 has zero expected gradient, so "
+               f"the KL penalty does not pull the policy towards the reference. Use k3 (or k2) to penalise KL.")
+        if msg not in _warned:
+            _warned.add(msg)
+            warnings.warn(msg, UserWarning, stacklevel=4)
+
+
+def check_names(cfg: Any) -> None:
+    """Registry names, the hyper-parameters each chosen function can honour, and the report_to sinks."""
+    from grouprl.config.presets import resolved
+
+    if "wandb" in cfg.report_targets:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError(f"report_to={cfg.report_to!r} includes wandb, which is not installed. Fix: "
+                              f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
+    resolved(cfg)
+
+
+def check_reward_kwargs(cfg: Any, reward_funcs: Any = None) -> None:
+    """Every ``reward_kwargs`` key names a reward in use (``reward_funcs`` or ``eval_reward``): options for a
+    misspelt or unused reward would otherwise be ignored without a word."""
+    funcs = cfg.reward_funcs if reward_funcs is None else reward_funcs
+    used = [r for r in (funcs if isinstance(funcs, (list, tuple)) else [funcs]) if isinstance(r, str)]
+    used.append(cfg.eval_reward)
+    for key in cfg.reward_kwargs:
+        if key not in used:
+            raise ConfigError(f"reward_kwargs has options for {key!r}, which is not among the rewards in use "
+                              f"({', '.join(dict.fromkeys(used))}).{did_you_mean(str(key), used)} Fix: use the "
+                              f"reward's name as given in reward_funcs or eval_reward, or add it there.")
+
+
+def _positive_ints(cfg: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be a positive integer.")
+
+
+def _range(cfg: Any, name: str, low: float | None, high: float | None, *, open_low: bool = False,
+           open_high: bool = False, fix: str = "") -> None:
+    value = getattr(cfg, name)
+    if value is None:
+        return
+    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value)
+    bad = bad or (low is not None and (value <= low if open_low else value < low))
+    bad = bad or (high is not None and (value >= high if open_high else value > high))
+    if bad:
+        lo = "" if low is None else f"{'>' if open_low else '>='} {low}"
+        hi = "" if high is None else f"{'<' if open_high else '<='} {high}"
+        rng = " and ".join(x for x in (lo, hi) if x)
+        raise ConfigError(f"{name}={value!r} must be {rng}.{' Fix: ' + fix + '.' if fix else ''}")
