@@ -1,0 +1,265 @@
+"""Built-in models that need no download: a tiny Qwen2 causal LM warm-started by a short, deterministic SFT.
+
+``builtin_model_path("arithmetic")`` returns a directory that ``AutoModelForCausalLM.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` load exactly like a hub model. The first call builds it:
+
+1. a byte-level BPE tokenizer trained on the task's text, digits split one per token (:mod:`grouprl.builtin.tiny`);
+2. a randomly initialised ``Qwen2ForCausalLM`` (hidden 128, 3 layers, ~0.8M parameters);
+3. supervised fine-tuning on demonstrations ``<think>23+45=68</think>Answer: 68`` for a fixed
+   number of steps -- deliberately SHORT, so the model knows the output format but gets only some answers
+   right, and sampling at temperature 1 gives groups with mixed rewards: the starting point GRPO needs.
+
+The result is cached under ``<cache_dir>/warmstart/<name>-<hash>`` where the hash covers every SFT
+setting (and a format version), so changing a setting rebuilds and an unchanged one is loaded in a
+second. ``cache_dir`` defaults to ``$GROUPRL_CACHE`` when set, else the user cache directory
+``$XDG_CACHE_HOME/grouprl`` (``~/.cache/grouprl`` when ``XDG_CACHE_HOME`` is unset) -- never the current
+folder, so runs started from different folders share one build. Building is deterministic
+(fixed seeds, data order, one thread count, ``torch.use_deterministic_algorithms``): the same settings
+give the same weights on the same software stack.
+
+Built-in names (see ``WARMSTARTS``):
+
+- ``arithmetic``: the default ``make run`` model (clean demonstrations, brief SFT).
+- ``arithmetic-noisy``: demonstrations with 30% wrong answers (off by one / ten / digits swapped) --
+  the start of the "online RL can exceed its data" recipe.
+- ``countdown``: the countdown task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from grouprl.errors import UnknownNameError
+
+# Bump when the build procedure changes in a way the settings do not capture. 2: the tokenizer's
+# <think>/<answer>/<tool_call> tags are no longer special (same ids and weights; the saved tokenizer differs).
+FORMAT_VERSION = 2
+INFO_FILE = "grouprl_warmstart.json"
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Everything that determines a built-in model; its hash names the cache entry."""
+
+    task: str = "arithmetic"
+    task_kwargs: dict[str, Any] = field(default_factory=dict)
+    noise: float = 0.0
+    """Fraction of demonstrations whose answer is replaced by a plausible wrong one."""
+    direct_fraction: float = 0.0
+    """Fraction of demonstrations that give the answer alone, without the ``<think>`` working."""
+    hasty_error: float = 0.0
+    """Fraction of the answer-only demonstrations that stop after the first operation (a hasty
+    solver's mistake: for "7 bags of 3 and eats 5" it answers 21)."""
+    vocab_size: int = 400
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    sft_rows: int = 4000
+    sft_steps: int = 800
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    seed: int = 0
+    threads: int = 1
+    """Torch CPU threads during the build (fixed, so floating-point reductions are repeatable)."""
+
+    def digest(self) -> str:
+        blob = json.dumps({"v": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+WARMSTARTS: dict[str, WarmStart] = {
+    "arithmetic": WarmStart(direct_fraction=0.6, hasty_error=0.5),
+    "arithmetic-noisy": WarmStart(noise=0.3),
+    "countdown": WarmStart(task="countdown", sft_steps=600),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl``."""
+    if os.environ.get("GROUPRL_CACHE"):
+        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "grouprl"
+
+
+def get_warmstart(name: str) -> WarmStart:
+    if name not in WARMSTARTS:
+        from grouprl.errors import did_you_mean
+
+        raise UnknownNameError(
+            f"unknown built-in model 'builtin:{name}'. Known: "
+            f"{', '.join('builtin:' + k for k in sorted(WARMSTARTS))}.{did_you_mean(name, WARMSTARTS)}"
+        )
+    return WARMSTARTS[name]
+
+
+def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **overrides) -> str:
+    """Directory of the built-in model ``name`` (built and cached on first use), for ``from_pretrained``.
+
+    ``overrides`` replace :class:`WarmStart` fields (e.g. ``sft_steps=10`` in tests); they are part of
+    the cache key.
+    """
+    spec = replace(get_warmstart(name), **overrides) if overrides else get_warmstart(name)
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / "warmstart" / f"{name}-{spec.digest()}"
+    if (target / INFO_FILE).exists():
+        return str(target)
+    root.joinpath("warmstart").mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root / "warmstart"))
+    try:
+        tmp.chmod(0o755)
+        print(f"grouprl: building builtin:{name} (tiny Qwen2 + {spec.sft_steps} SFT steps, once; cached in {target})",
+              file=sys.stderr, flush=True)
+        build_warmstart(spec, tmp, name=name)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep its copy
+            if not (target / INFO_FILE).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+@contextlib.contextmanager
+def _deterministic_torch(threads: int):
+    """Fixed thread count and deterministic kernels for the duration of the block, then restored."""
+    import torch
+
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)
+
+
+def sft_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
+    """``(prompt, completion)`` demonstrations and the fraction of them whose answer is right."""
+    from grouprl.data.tasks import demonstration, generate_rows, plausible_wrong_answer
+
+    rows = generate_rows(spec.task, "train", n=spec.sft_rows, seed=1000 + spec.seed, **spec.task_kwargs)
+    rng = random.Random(f"noise|{spec.seed}")
+    examples, right = [], 0
+    for row in rows:
+        wrong = plausible_wrong_answer(row, rng) if rng.random() < spec.noise else None
+        show_work = rng.random() >= spec.direct_fraction
+        if not show_work and rng.random() < spec.hasty_error:
+            wrong = row["work"].split(", ")[0].rsplit("=", 1)[1]  # the first step's result
+        right += wrong is None or wrong == row["answer"]
+        examples.append((row["prompt"], demonstration(spec.task, row, wrong_answer=wrong, show_work=show_work)))
+    return examples, right / len(examples)
+
+
+def _encode(tok, examples: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
+    """Token ids of prompt + completion + EOS, and where the completion starts (the loss mask)."""
+    out = []
+    for prompt, completion in examples:
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        out.append((p + c, len(p)))
+    return out
+
+
+def _batch(encoded, idx, pad_id):
+    """Right-padded input ids, attention mask and labels (-100 outside the completion)."""
+    import torch
+
+    width = max(len(encoded[i][0]) for i in idx)
+    ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(idx), width), -100, dtype=torch.long)
+    attn = torch.zeros((len(idx), width), dtype=torch.long)
+    for r, i in enumerate(idx):
+        seq, start = encoded[i]
+        ids[r, : len(seq)] = torch.tensor(seq)
+        attn[r, : len(seq)] = 1
+        labels[r, start : len(seq)] = torch.tensor(seq[start:])
+    return ids, attn, labels
+
+
+def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = "custom") -> Path:
+    """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
+    import torch
+
+    from grouprl.data.tasks import corpus
+    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
+
+    t0 = time.perf_counter()
+    with _deterministic_torch(spec.threads):
+        tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+        model = build_tiny_model(
+            tok,
+            hidden_size=spec.hidden_size,
+            num_layers=spec.num_layers,
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            seed=spec.seed,
+        )
+        examples, demo_accuracy = sft_examples(spec)
+        encoded = _encode(tok, examples)
+        losses = _sft(model, encoded, spec, pad_id=tok.pad_token_id)
+    model.eval()
+    out = save_tiny(out_dir, tok, model)
+    info = {
+        "name": name,
+        "settings": asdict(spec),
+        "digest": spec.digest(),
+        "demo_accuracy": demo_accuracy,
+        "sft_loss_first": losses[0],
+        "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        "build_seconds": round(time.perf_counter() - t0, 1),
+        "torch": torch.__version__,
+    }
+    (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return Path(out)
+
+
+def _sft(model, encoded, spec: WarmStart, *, pad_id: int) -> list[float]:
+    """AdamW on the completion tokens, linear warm-up then cosine decay; returns the loss per step."""
+    import math
+
+    import torch
+
+    torch.manual_seed(spec.seed)
+    gen = torch.Generator().manual_seed(spec.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.0, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        frac = (step - spec.warmup_steps) / max(1, spec.sft_steps - spec.warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    order: list[int] = []
+    losses = []
+    for _ in range(spec.sft_steps):
+        if len(order) < spec.batch_size:
+            order += torch.randperm(len(encoded), generator=gen).tolist()
+        idx, order = order[: spec.batch_size], order[spec.batch_size :]
+        ids, attn, labels = _batch(encoded, idx, pad_id)
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    return losses
