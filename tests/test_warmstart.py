@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.errors import UnknownNameError
 from grouprl.builtin.warmstart import (
     INFO_FILE,
     WARMSTARTS,
@@ -18,6 +17,7 @@ from grouprl.builtin.warmstart import (
     get_warmstart,
     sft_examples,
 )
+from grouprl.errors import UnknownNameError
 
 # A few seconds on one CPU thread: a 1-layer model, a handful of SFT steps.
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300, sft_rows=64, sft_steps=3,

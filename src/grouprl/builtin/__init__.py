@@ -14,7 +14,6 @@ no demo code, and a newcomer can delete or replace a demo without touching ``tra
 from __future__ import annotations
 
 import os
-
 from collections.abc import Callable
 
 from grouprl.builtin import warmstart

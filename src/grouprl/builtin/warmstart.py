@@ -197,8 +197,8 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
     import torch
 
-    from grouprl.data.tasks import corpus
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
+    from grouprl.data.tasks import corpus
 
     t0 = time.perf_counter()
     with _deterministic_torch(spec.threads):
