@@ -395,3 +395,47 @@ def _config_files() -> list[pathlib.Path]:
 def test_config_imports_no_torch(path):
     bad = [n for n in _imports(path) if _allowed(n, {"torch", "transformers", "grouprl.train", "grouprl.algo"})]
     assert not bad, f"{path.relative_to(SRC)} imports {bad}; config must stay torch-free"
+
+
+# --- declared dependencies (pyproject.toml) match what src/grouprl imports --------------------------------
+
+# top-level import name -> the distribution that brings it, where the names differ
+IMPORT_TO_DIST = {"yaml": "pyyaml", "huggingface_hub": "huggingface-hub", "math_verify": "math-verify",
+                  "pandas": "datasets"}  # datasets depends on pandas; only the CSV loader uses it directly
+USED_WITHOUT_IMPORT = {"tensorboard": "torch.utils.tensorboard.SummaryWriter (train/metrics.py) needs it"}
+
+
+def _declared() -> dict[str, set[str]]:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+    return {"": names(project["dependencies"]),
+            **{extra: names(reqs) for extra, reqs in project["optional-dependencies"].items()}}
+
+
+def _third_party_imports() -> set[str]:
+    import sys
+
+    tops = {e.name.split(".")[0] for p in ALL_FILES
+            for e in _edges_in(p.read_text(encoding="utf-8"), p.relative_to(SRC).as_posix()) if e.kind != "dynamic"}
+    return {t for t in tops if t != ROOT and t not in sys.stdlib_module_names}
+
+
+def test_every_imported_distribution_is_declared():
+    declared = _declared()
+    everything = set().union(*declared.values())
+    missing = {t for t in _third_party_imports() if IMPORT_TO_DIST.get(t, t).replace("_", "-") not in everything}
+    assert not missing, f"src/grouprl imports {sorted(missing)} but pyproject.toml does not declare them"
+
+
+def test_every_runtime_dependency_is_used():
+    used = {IMPORT_TO_DIST.get(t, t).replace("_", "-") for t in _third_party_imports()} | set(USED_WITHOUT_IMPORT)
+    unused = _declared()[""] - used
+    assert not unused, f"pyproject.toml requires {sorted(unused)}, which src/grouprl never imports: drop them"
+
+
+def test_no_extra_for_a_backend_that_does_not_exist():
+    assert "vllm" not in _declared(), "the vllm extra comes back with a vLLM rollout backend"
