@@ -282,6 +282,19 @@ def test_nothing_imports_the_demo_package_statically():
     assert offenders == []
 
 
+
+def test_importing_the_library_loads_no_demo_code():
+    """At run time too: the trainer, the CLI and the config import nothing of grouprl.builtin until a
+    ``builtin:`` model is asked for."""
+    import subprocess
+    import sys
+
+    code = ("import sys, grouprl.train, grouprl.config, grouprl.cli; grouprl.cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('grouprl.builtin', 'grouprl.tiny', "
+            "'grouprl.warmstart')) and m != 'grouprl.builtins'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
 # --- the checker itself, on made-up sources -----------------------------------------------------------
 
 
