@@ -6,7 +6,7 @@ runs. The parent only builds the tiny checkpoint, spawns children and aggregates
 
 The workload is the same for every library:
 
-- the tiny offline model from :func:`grouprl.tiny.make_tiny_checkpoint` (random weights, saved once,
+- the tiny offline model from :func:`grouprl.builtin.tiny.make_tiny_checkpoint` (random weights, saved once,
   loaded with ``from_pretrained``; nothing is downloaded: ``HF_HUB_OFFLINE=1``);
 - synthetic addition prompts ``"What is a + b?"`` with an ``answer`` column;
 - :func:`number_reward`, a plain Python reward with TRL's ``reward_funcs`` signature;
@@ -146,7 +146,7 @@ def number_reward(completions: list, answer: list[str], **kwargs: Any) -> list[f
 
 def make_checkpoint(path: Path, hidden_size: int = 64, num_layers: int = 2) -> Path:
     """Save the shared tiny model (random weights, fixed seed) to ``path``."""
-    from grouprl.tiny import make_tiny_checkpoint
+    from grouprl.builtin.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(path, hidden_size=hidden_size, num_layers=num_layers)
 

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {
             "benchmark": "vs_trl",
             "versions": versions(),
-            "model": {"source": "grouprl.tiny.make_tiny_checkpoint", "hidden_size": args.hidden_size,
+            "model": {"source": "grouprl.builtin.tiny.make_tiny_checkpoint", "hidden_size": args.hidden_size,
                       "num_layers": args.num_layers},
             "repeats": args.repeats,
             "fixed_length": "every completion is exactly max_new_tokens tokens on both sides (EOS masked "

@@ -19,7 +19,7 @@ def tiny_model_dir(tmp_path_factory):
     import torch
 
     torch.set_num_threads(1)
-    from grouprl.tiny import make_tiny_checkpoint
+    from grouprl.builtin.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-qwen2"), arch="qwen2")
 
@@ -27,6 +27,6 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     """Same as ``tiny_model_dir`` with a Llama architecture."""
-    from grouprl.tiny import make_tiny_checkpoint
+    from grouprl.builtin.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), arch="llama")

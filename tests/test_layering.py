@@ -1,5 +1,18 @@
 """Import layering, checked by parsing the source with ast (DESIGN.md: imports flow one way).
 
+Imports flow ``cli -> cmd -> train -> rollout | envs | data | rewards | sandbox | report -> algo -> registry
+-> errors``. ``config`` validates names against the registries, so it sits above ``builtins`` (which imports
+the built-in algo and rewards so that their registrations happen) and below ``train``: nothing under
+``train`` reads a config object, it is handed plain values. The demo package ``grouprl.builtin`` (tiny
+models, warm starts) is reached only by name, from the model loader.
+
+:data:`ALLOWED` lists, for every unit (a subpackage or top-level module of ``grouprl``), the units it may
+import. An edge is any of: ``import`` / ``from ... import`` (also inside functions, also relative),
+``importlib.import_module("literal")``, and a string that names a grouprl module (``"grouprl.x.y"`` or
+``"grouprl.x:fn"``, as plug-in tables hold them; docstrings excluded). An ``import_module`` or
+``__import__`` whose argument is not a literal is allowed only in the functions of :data:`DYNAMIC_IMPORTS`.
+
+Also:
 - ``grouprl/algo/`` is pure tensor math: torch, a few pure stdlib modules, and grouprl.algo / registry /
   errors / types only. No I/O (os, pathlib, subprocess, io, json, ...), no config, no trainer, no logging.
   It also never calls ``.item()`` or ``print`` (metrics stay tensors; the trainer reduces and logs).
@@ -12,6 +25,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
+from dataclasses import dataclass
 
 import pytest
 
@@ -23,33 +38,181 @@ ALGO_ALLOWED = {
     "grouprl.algo", "grouprl.registry", "grouprl.errors", "grouprl.types",
 }
 
+ROOT = "grouprl"  # the package itself (grouprl/__init__.py): lazy public names
+_BASE = {"errors", "registry"}
+_MIDDLE = _BASE | {"algo"}
+# unit -> the units it may import (besides itself). Siblings of the middle row only along listed edges;
+# some edges are for packages still to come (envs -> sandbox, rollout -> envs, rollout -> rewards for the
+# shared tool-call parser).
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "registry": {"errors"},
+    "types": {"errors"},
+    "algo": {"errors", "registry", "types"},
+    "builtins": _BASE | {"algo", "rewards", "envs"},
+    "config": _BASE | {"builtins"},
+    "sandbox": _MIDDLE,
+    "rewards": _BASE | {"sandbox"},  # no algo: rewards stay torch-free; sandbox for the code reward
+    "data": _MIDDLE,
+    "envs": _MIDDLE | {"sandbox"},
+    "rollout": _MIDDLE | {"envs", "rewards"},
+    "report": _MIDDLE,
+    "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
+    "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train"},
+    "cli": {ROOT, "errors", "cmd"},
+    ROOT: {"algo", "rewards", "config", "train"},
+    "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)
+}
 
-def _imports(path: pathlib.Path) -> list[str]:
-    """Absolute names of every module imported anywhere in ``path`` (including inside functions)."""
-    module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
-    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    return _imports_in(path.read_text(encoding="utf-8"), package.removesuffix(".__init__"))
+# Edges allowed only as a lookup by name (import_module with a literal, or a module-name string) inside the
+# named function -- never as an import statement.
+BY_NAME = {("train", "builtin"): ("train/model.py", "resolve_model_path"),
+           ("cmd", "builtin"): ("cmd/check_template.py", "load_tokenizer")}
+
+# (file, function) -> why a non-literal import_module is right there.
+DYNAMIC_IMPORTS = {
+    ("__init__.py", "__getattr__"): "lazy public names (_EXPORTS), so `import grouprl` needs no torch",
+    ("cli.py", "build_parser"): "subcommands grouprl.cmd.<name>, imported only when the CLI is built",
+    ("builtins.py", "load_builtins"): "the modules listed in BUILTIN_MODULES, whose decorators register",
+    ("envs/resolve.py", "_import"): "user tools / environments named 'package.module:attr' in a recipe",
+    ("registry.py", "Registry.resolve"): "the plug-in resolver: 'package.module:function' from the user",
+    ("rollout/__init__.py", "make_backend"): "the backend loader: a built-in backend or 'package.module:Class'",
+    ("rewards/adapters.py", "_resolve"): "a reward plug-in 'package.module:function' from the user",
+    ("rewards/_limit.py", "_serve"): "the time-limited worker runs the 'module:function' its parent names",
+}
+
+# (unit, imported unit) -> why the edge still exists. Each entry must still be found in the source (a stale
+# entry fails test_tolerated_edges_are_still_there), so this list only shrinks.
+TOLERATED: dict[tuple[str, str], str] = {}
+
+# third-party modules a unit must never import
+FORBIDDEN = {"config": {"torch", "transformers"}, "rewards": {"torch"}, "registry": {"torch"},
+             "errors": {"torch"}, "builtins": {"torch"}}
+
+_MODULE_NAME = re.compile(r"grouprl(\.\w+)+(:[\w.]+)?")
+
+
+@dataclass(frozen=True)
+class Edge:
+    name: str  # absolute module name, or "<dynamic ...>"
+    kind: str  # "import", "import_module", "string" or "dynamic"
+    line: int
+    func: str  # qualified name of the enclosing function ("" at module level)
+
+
+def _package_of(relpath: str) -> str:
+    module = ".".join(("grouprl", *pathlib.PurePosixPath(relpath).with_suffix("").parts))
+    return module.removesuffix(".__init__") if relpath.endswith("__init__.py") else module.rsplit(".", 1)[0]
+
+
+def _edges_in(source: str, relpath: str) -> list[Edge]:
+    """Every import edge of the file ``relpath`` (relative to src/grouprl) whose text is ``source``."""
+    package = _package_of(relpath)
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    edges: list[Edge] = []
+    consumed: set[int] = set()
+
+    def visit(node: ast.AST, func: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, f"{func}.{child.name}" if func else child.name)
+                continue
+            line = getattr(child, "lineno", 0)
+            if isinstance(child, ast.Import):
+                edges.extend(Edge(alias.name, "import", line, func) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - child.level + 1] + ([child.module] if child.module else []))
+                else:
+                    base = child.module or ""
+                if child.module and base != ROOT:
+                    edges.append(Edge(base, "import", line, func))
+                # 'from grouprl import config' imports the module grouprl.config: record base.name too
+                edges.extend(Edge(f"{base}.{alias.name}", "import", line, func) for alias in child.names)
+            elif isinstance(child, ast.Call):
+                f = child.func
+                fname = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if fname in {"import_module", "__import__"}:
+                    arg = child.args[0] if child.args else None
+                    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and not arg.value.startswith("."):
+                        edges.append(Edge(arg.value, "import_module", line, func))
+                        consumed.add(id(arg))
+                    else:
+                        edges.append(Edge(f"<dynamic {fname}>", "dynamic", line, func))
+            elif (isinstance(child, ast.Constant) and isinstance(child.value, str) and id(child) not in docstrings
+                  and id(child) not in consumed and _MODULE_NAME.fullmatch(child.value)):
+                edges.append(Edge(child.value.split(":", 1)[0], "string", line, func))
+            visit(child, func)
+
+    visit(tree, "")
+    return edges
 
 
 def _imports_in(source: str, package: str) -> list[str]:
-    tree = ast.parse(source)
-    names = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
-            else:
-                base = node.module or ""
-            if node.module:
-                names.append(base)
-            # 'from grouprl import config' imports the module grouprl.config: record base.name too
-            names.extend(f"{base}.{alias.name}" for alias in node.names)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
-            names.append("<dynamic __import__>")
-    return names
+    """Imported names of ``source`` as if it were a module of ``package`` (a dotted name)."""
+    relpath = "/".join(package.split(".")[1:] + ["_probe.py"])
+    return [e.name for e in _edges_in(source, relpath)]
+
+
+def _imports(path: pathlib.Path) -> list[str]:
+    """Absolute names of every module imported anywhere in ``path`` (including inside functions)."""
+    return [e.name for e in _edges_in(path.read_text(encoding="utf-8"), path.relative_to(SRC).as_posix())]
+
+
+def _unit_of_file(relpath: str) -> str:
+    first = pathlib.PurePosixPath(relpath).parts[0]
+    return ROOT if first == "__init__.py" else first.removesuffix(".py")
+
+
+def _unit_of_name(name: str) -> str | None:
+    """``grouprl.train.loop`` -> ``train``; an attribute of the package (``grouprl.__version__``) -> ROOT;
+    a third-party module -> None."""
+    parts = name.split(".")
+    if parts[0] != ROOT:
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else ROOT
+
+
+def _violations(source: str, relpath: str, *, tolerate: bool = True) -> list[str]:
+    """What is wrong with the imports of the file ``relpath`` (relative to src/grouprl)."""
+    unit = _unit_of_file(relpath)
+    if unit not in ALLOWED:
+        return [f"{relpath}: unit {unit!r} has no row in ALLOWED (tests/test_layering.py): add one"]
+    out, seen = [], set()
+    for e in _edges_in(source, relpath):
+        if (e.line, _unit_of_name(e.name) or e.name.split(".")[0]) in seen:
+            continue  # 'from a.b import c' is one import, reported once
+        seen.add((e.line, _unit_of_name(e.name) or e.name.split(".")[0]))
+        where = f"{relpath}:{e.line}"
+        if e.kind == "dynamic":
+            if (relpath, e.func) not in DYNAMIC_IMPORTS:
+                out.append(f"{where}: non-literal {e.name[9:-1]}() in {e.func or 'module level'}; import by a "
+                           f"literal name, or add ({relpath!r}, {e.func!r}) to DYNAMIC_IMPORTS with the reason")
+            continue
+        target = _unit_of_name(e.name)
+        if target is None:
+            top = e.name.split(".")[0]
+            if top in FORBIDDEN.get(unit, set()):
+                out.append(f"{where}: {unit} must not import {top!r}")
+            continue
+        if target == unit or target in ALLOWED[unit]:
+            continue
+        by_name = BY_NAME.get((unit, target))
+        if by_name and e.kind != "import" and by_name == (relpath, e.func):
+            continue
+        if tolerate and (unit, target) in TOLERATED:
+            continue
+        how = "imports" if e.kind == "import" else f"names ({e.kind})"
+        out.append(f"{where}: {unit} {how} {e.name!r}, but {unit} may import only "
+                   f"{sorted(ALLOWED[unit]) or 'nothing'} (DESIGN.md; table ALLOWED in tests/test_layering.py)")
+    return out
 
 
 def _allowed(name: str, allowed: set[str]) -> bool:
@@ -58,6 +221,148 @@ def _allowed(name: str, allowed: set[str]) -> bool:
 
 def _files(sub: str) -> list[pathlib.Path]:
     return sorted((SRC / sub).rglob("*.py"))
+
+
+ALL_FILES = sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.relative_to(SRC).as_posix())
+def test_imports_follow_the_layering(path):
+    relpath = path.relative_to(SRC).as_posix()
+    assert _violations(path.read_text(encoding="utf-8"), relpath) == []
+
+
+def test_the_allowed_table_has_no_cycle():
+    graph = {u: {t for t in ALLOWED[u] if t in ALLOWED and t != u} for u in ALLOWED}
+    for unit, target in [*BY_NAME, *TOLERATED]:
+        graph[unit].add(target)
+    state: dict[str, int] = {}
+
+    def visit(u: str, path: list[str]) -> None:
+        if state.get(u) == 1:
+            raise AssertionError(f"cycle in ALLOWED: {' -> '.join(path + [u])}")
+        if state.get(u) == 2:
+            return
+        state[u] = 1
+        for t in sorted(graph[u]):
+            visit(t, path + [u])
+        state[u] = 2
+
+    for u in sorted(graph):
+        visit(u, [])
+
+
+def test_tolerated_edges_are_still_there():
+    found = {
+        (_unit_of_file(p.relative_to(SRC).as_posix()), _unit_of_name(e.name))
+        for p in ALL_FILES for e in _edges_in(p.read_text(encoding="utf-8"), p.relative_to(SRC).as_posix())
+    }
+    stale = [edge for edge in TOLERATED if edge not in found]
+    assert not stale, f"{stale} no longer occur: delete them from TOLERATED so they cannot come back"
+
+
+def test_every_dynamic_import_site_still_exists():
+    sites = {
+        (p.relative_to(SRC).as_posix(), e.func)
+        for p in ALL_FILES for e in _edges_in(p.read_text(encoding="utf-8"), p.relative_to(SRC).as_posix())
+        if e.kind == "dynamic"
+    }
+    assert set(DYNAMIC_IMPORTS) <= sites, f"stale DYNAMIC_IMPORTS entries: {set(DYNAMIC_IMPORTS) - sites}"
+
+
+def test_nothing_imports_the_demo_package_statically():
+    offenders = [
+        f"{p.relative_to(SRC)}:{e.line}"
+        for p in ALL_FILES if _unit_of_file(p.relative_to(SRC).as_posix()) != "builtin"
+        for e in _edges_in(p.read_text(encoding="utf-8"), p.relative_to(SRC).as_posix())
+        if e.kind == "import" and _unit_of_name(e.name) == "builtin"
+    ]
+    assert offenders == []
+
+
+
+def test_importing_the_library_loads_no_demo_code():
+    """At run time too: the trainer, the CLI and the config import nothing of grouprl.builtin until a
+    ``builtin:`` model is asked for."""
+    import subprocess
+    import sys
+
+    code = ("import sys, grouprl.train, grouprl.config, grouprl.cli; grouprl.cli.build_parser(); "
+            "print(sorted(m for m in sys.modules if m.startswith(('grouprl.builtin', 'grouprl.tiny', "
+            "'grouprl.warmstart')) and m != 'grouprl.builtins'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
+
+# --- the checker itself, on made-up sources -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "relpath, source, expected",
+    [
+        ("algo/losses.py", "from grouprl.train import loop\n", "algo imports 'grouprl.train'"),
+        ("algo/losses.py", "from ..config import GRPOConfig\n", "algo imports 'grouprl.config'"),
+        ("rewards/x.py", "def f():\n    import torch\n", "rewards must not import 'torch'"),
+        ("rewards/x.py", "import importlib\nimportlib.import_module('torch.nn')\n", "must not import 'torch'"),
+        ("data/x.py", "import importlib\nm = importlib.import_module('grouprl.train.loop')\n",
+         "data names (import_module) 'grouprl.train.loop'"),
+        ("data/x.py", "from importlib import import_module\ndef g(n):\n    return import_module(n)\n",
+         "non-literal import_module() in g"),
+        ("sandbox/x.py", "def g(n):\n    return __import__(n)\n", "non-literal __import__() in g"),
+        ("rollout/x.py", "PLUGINS = {'a': 'grouprl.train.loop:run'}\n", "rollout names (string) 'grouprl.train.loop'"),
+        ("envs/x.py", "from grouprl.rollout import make_backend\n", "envs imports 'grouprl.rollout'"),
+        ("sandbox/x.py", "from grouprl import rewards\n", "sandbox imports 'grouprl.rewards'"),
+        ("train/loop.py", "from grouprl.builtin import model_path\n", "train imports 'grouprl.builtin'"),
+        ("train/loop.py", "import importlib\nimportlib.import_module('grouprl.builtin')\n",
+         "train names (import_module) 'grouprl.builtin'"),
+        ("train/model.py", "def resolve_model_path(n):\n    from grouprl.builtin import model_path\n",
+         "train imports 'grouprl.builtin'"),
+        ("config.py", "from grouprl.sandbox import config\n", "config imports 'grouprl.sandbox'"),
+        ("config/presets.py", "import torch\n", "config must not import 'torch'"),
+        ("config/__init__.py", "from ..train import loop\n", "config imports 'grouprl.train'"),
+        ("newpkg/x.py", "import os\n", "unit 'newpkg' has no row in ALLOWED"),
+    ],
+)
+def test_checker_flags_a_bad_import(relpath, source, expected):
+    found = _violations(source, relpath, tolerate=False)
+    assert len(found) == 1 and expected in found[0], found
+
+
+@pytest.mark.parametrize(
+    "relpath, source",
+    [
+        ("train/model.py", "def resolve_model_path(n):\n    from importlib import import_module\n"
+                           "    return import_module('grouprl.builtin').model_path(n)\n"),
+        ("registry.py", "import importlib\nclass Registry:\n    def resolve(self, s):\n"
+                        "        return importlib.import_module(s)\n"),
+        ("rollout/x.py", "from grouprl.envs import calculator\nfrom ..rewards.tool_call import parse\n"),
+        ("rewards/code.py", "from grouprl.sandbox import run_tests\nfrom ._text import strip\n"),
+        ("config/__init__.py", "from .fields import X\nfrom grouprl.errors import ConfigError\n"
+                               "def validate():\n    from grouprl.builtins import load_builtins\n"),
+        ("cli.py", "from grouprl import __version__\n"),
+        ("data/x.py", '"""Docstring naming grouprl.train.loop is prose, not an import."""\n'),
+    ],
+)
+def test_checker_accepts_an_allowed_import(relpath, source):
+    assert _violations(source, relpath, tolerate=False) == []
+
+
+def test_import_resolver_sees_relative_lazy_and_dynamic_imports():
+    source = (
+        "from .ops import masked_mean\n"
+        "from .. import config\n"
+        "import os.path\n"
+        "def f():\n"
+        "    import json\n"
+        "    return __import__('subprocess')\n"
+    )
+    names = _imports_in(source, "grouprl.algo")
+    assert names == [
+        "grouprl.algo.ops", "grouprl.algo.ops.masked_mean", "grouprl.config", "os.path", "json", "subprocess",
+    ]
+    assert [n for n in names if not _allowed(n, ALGO_ALLOWED)] == names[2:]
+
+
+# --- per-package rules on third-party modules and calls ---------------------------------------------------
 
 
 @pytest.mark.parametrize("path", _files("algo"), ids=lambda p: p.name)
@@ -121,18 +426,45 @@ def test_config_package_is_scanned():
     assert {"__init__.py", "fields.py", "presets.py", "validate.py", "io.py"} <= {p.name for p in _files("config")}
 
 
-def test_import_resolver_sees_relative_lazy_and_dynamic_imports():
-    source = (
-        "from .ops import masked_mean\n"
-        "from .. import config\n"
-        "import os.path\n"
-        "def f():\n"
-        "    import json\n"
-        "    return __import__('subprocess')\n"
-    )
-    names = _imports_in(source, "grouprl.algo")
-    assert names == [
-        "grouprl.algo.ops", "grouprl.algo.ops.masked_mean", "grouprl.config", "os.path", "json",
-        "<dynamic __import__>",
-    ]
-    assert [n for n in names if not _allowed(n, ALGO_ALLOWED)] == names[2:]
+# --- declared dependencies (pyproject.toml) match what src/grouprl imports --------------------------------
+
+# top-level import name -> the distribution that brings it, where the names differ
+IMPORT_TO_DIST = {"yaml": "pyyaml", "huggingface_hub": "huggingface-hub", "math_verify": "math-verify",
+                  "pandas": "datasets"}  # datasets depends on pandas; only the CSV loader uses it directly
+USED_WITHOUT_IMPORT = {"tensorboard": "torch.utils.tensorboard.SummaryWriter (train/metrics.py) needs it"}
+
+
+def _declared() -> dict[str, set[str]]:
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+    return {"": names(project["dependencies"]),
+            **{extra: names(reqs) for extra, reqs in project["optional-dependencies"].items()}}
+
+
+def _third_party_imports() -> set[str]:
+    import sys
+
+    tops = {e.name.split(".")[0] for p in ALL_FILES
+            for e in _edges_in(p.read_text(encoding="utf-8"), p.relative_to(SRC).as_posix()) if e.kind != "dynamic"}
+    return {t for t in tops if t != ROOT and t not in sys.stdlib_module_names}
+
+
+def test_every_imported_distribution_is_declared():
+    declared = _declared()
+    everything = set().union(*declared.values())
+    missing = {t for t in _third_party_imports() if IMPORT_TO_DIST.get(t, t).replace("_", "-") not in everything}
+    assert not missing, f"src/grouprl imports {sorted(missing)} but pyproject.toml does not declare them"
+
+
+def test_every_runtime_dependency_is_used():
+    used = {IMPORT_TO_DIST.get(t, t).replace("_", "-") for t in _third_party_imports()} | set(USED_WITHOUT_IMPORT)
+    unused = _declared()[""] - used
+    assert not unused, f"pyproject.toml requires {sorted(unused)}, which src/grouprl never imports: drop them"
+
+
+def test_no_extra_for_a_backend_that_does_not_exist():
+    assert "vllm" not in _declared(), "the vllm extra comes back with a vLLM rollout backend"

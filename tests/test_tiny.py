@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from grouprl.tiny import DEFAULT_CORPUS, EXTRA_TOKENS, SPECIAL_TOKENS, build_tokenizer
+from grouprl.builtin.tiny import DEFAULT_CORPUS, EXTRA_TOKENS, SPECIAL_TOKENS, build_tokenizer
 
 CHAT = "<|im_start|>assistant\n<think>4*3=12</think><answer>12</answer><|im_end|><|pad|><|pad|>"
 

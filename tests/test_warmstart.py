@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from grouprl.errors import UnknownNameError
-from grouprl.warmstart import (
+from grouprl.builtin.warmstart import (
     INFO_FILE,
     WARMSTARTS,
     WarmStart,
     builtin_model_path,
+    default_cache_dir,
     get_warmstart,
     sft_examples,
 )
+from grouprl.errors import UnknownNameError
 
 # A few seconds on one CPU thread: a 1-layer model, a handful of SFT steps.
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300, sft_rows=64, sft_steps=3,
@@ -125,3 +126,36 @@ def test_countdown_warm_start_builds_with_its_own_demonstrations(tmp_path):
     assert info["settings"]["task"] == "countdown" and info["demo_accuracy"] == 1.0
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.convert_ids_to_tokens(tok("<answer>", add_special_tokens=False)["input_ids"]) == ["<answer>"]
+
+
+def test_cache_dir_is_the_user_cache_never_the_current_folder(tmp_path, monkeypatch):
+    home, xdg, own = tmp_path / "home", tmp_path / "xdg", tmp_path / "own"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("GROUPRL_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert default_cache_dir() == home / ".cache" / "grouprl"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
+    assert default_cache_dir() == xdg / "grouprl"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/dir")  # the XDG spec says: ignore a relative path
+    assert default_cache_dir() == home / ".cache" / "grouprl"
+    monkeypatch.setenv("GROUPRL_CACHE", str(own))  # the explicit override wins
+    assert default_cache_dir() == own
+    assert tmp_path / ".cache" not in default_cache_dir().parents
+
+
+def test_builtin_models_are_looked_up_by_name(tmp_path, monkeypatch):
+    import grouprl.builtin
+    import grouprl.builtin.warmstart
+    from grouprl.train.model import resolve_model_path
+
+    asked = []
+    monkeypatch.setattr(grouprl.builtin.warmstart, "builtin_model_path",
+                        lambda name, cache_dir=None: asked.append((name, cache_dir)) or str(tmp_path))
+    assert set(grouprl.builtin.MODELS) == set(WARMSTARTS)
+    assert resolve_model_path("builtin:arithmetic-noisy") == str(tmp_path)
+    assert grouprl.builtin.model_path("countdown", cache_dir="c") == str(tmp_path)
+    assert asked == [("arithmetic-noisy", None), ("countdown", "c")]
+    assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"  # anything else unchanged
+    with pytest.raises(UnknownNameError, match="did you mean|Closest|builtin:arithmetic"):
+        resolve_model_path("builtin:arithmetc")

@@ -95,7 +95,7 @@ def test_llama3_two_turn_mask_is_exact_and_has_no_glue_after_eot():
 
 @pytest.mark.parametrize("chat_template", [None, "chatml_tools.jinja"])
 def test_tiny_tokenizer_two_turn_mask(chat_template):
-    from grouprl.tiny import build_tokenizer
+    from grouprl.builtin.tiny import build_tokenizer
 
     tok = build_tokenizer()
     kw = {"chat_template": load_chat_template(str(FIXTURES / chat_template))} if chat_template else {}

@@ -194,10 +194,10 @@ def test_chat_prompts_get_chat_completions_and_the_template(tiny_model_dir, fast
 
 
 def test_builtin_model_and_task_names_are_resolved_lazily(tiny_model_dir, fast_config, monkeypatch):
-    import grouprl.warmstart
+    import grouprl.builtin.warmstart
 
     asked = []
-    monkeypatch.setattr(grouprl.warmstart, "builtin_model_path",
+    monkeypatch.setattr(grouprl.builtin.warmstart, "builtin_model_path",
                         lambda name, cache_dir=None: asked.append(name) or str(tiny_model_dir))
     cfg = fast_config(model="builtin:arithmetic", dataset="builtin:arithmetic", dataset_kwargs={"n": 8},
                       reward_funcs=["accuracy", "format"], eval_split="test", max_eval_samples=2, max_steps=1)

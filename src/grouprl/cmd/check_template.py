@@ -15,7 +15,7 @@ import sys
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check-template", help="show the loss mask of a tool conversation under a chat template")
     p.add_argument("model", help="a local model/tokenizer directory, a hub id, builtin:<name>, or 'tiny' "
-                                 "(grouprl.tiny.build_tokenizer, no model built)")
+                                 "(the built-in tiny tokenizer, no model built)")
     p.add_argument("--chat-template", default=None,
                    help="a .jinja file (or Jinja string) to use instead of the tokenizer's own template")
     p.set_defaults(func=run)
@@ -24,9 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def load_tokenizer(name: str):
     """The tokenizer of ``name`` (see the ``model`` argument)."""
     if name == "tiny":
-        from grouprl.tiny import build_tokenizer
+        from importlib import import_module
 
-        return build_tokenizer()
+        return import_module("grouprl.builtin.tiny").build_tokenizer()
     from transformers import AutoTokenizer
 
     from grouprl.train.model import resolve_model_path

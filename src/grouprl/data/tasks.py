@@ -7,7 +7,7 @@ Each task is a generator plus a reward recipe (the reward names a recipe should 
 | ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
 | ``countdown`` | reach a target with + - * from given numbers               | target  | ``grouprl.data.tasks:countdown_reward`` |
 
-Demonstrations (for the bundled SFT warm start, :mod:`grouprl.warmstart`) use the format
+Demonstrations (for the bundled SFT warm start, :mod:`grouprl.builtin.warmstart`) use the format
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
 ``accuracy`` reward reads (or ``Answer: 16`` alone, without the working).
 

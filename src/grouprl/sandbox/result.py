@@ -5,15 +5,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# Job status. "ok": every test reached a verdict (pass or wrong answer). "error": the program crashed
-# or could not be loaded (syntax error, exception or exit at import, killed by a limit). "timeout": a
-# test or the job ran past its deadline. "sandbox_error": the sandbox failed before any model code ran.
-# "no_code" / "no_tests": nothing to run.
-JOB_STATUSES = ("ok", "error", "timeout", "sandbox_error", "no_code", "no_tests")
-# Test status: "passed", "failed" (assertion / wrong value / exception in the model's code), "error"
-# (the program process died), "timeout", "not_run".
-TEST_STATUSES = ("passed", "failed", "error", "timeout", "not_run")
-
 
 @dataclass
 class TestResult:
@@ -23,6 +14,8 @@ class TestResult:
 
     index: int
     status: str
+    """"passed", "failed" (assertion / wrong value / exception in the model's code), "error" (the program
+    process died), "timeout" or "not_run"."""
     reason: str = ""
     seconds: float = 0.0
 
@@ -39,6 +32,10 @@ class SandboxResult:
     passed: int
     total: int
     status: str
+    """"ok": every test reached a verdict (pass or wrong answer). "error": the program crashed or could not
+    be loaded (syntax error, exception or exit at import, killed by a limit). "timeout": a test or the job
+    ran past its deadline. "sandbox_error": the sandbox failed before any model code ran. "no_code" /
+    "no_tests": nothing to run."""
     reason: str = ""
     tests: list[TestResult] = field(default_factory=list)
     seconds: float = 0.0

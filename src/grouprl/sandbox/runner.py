@@ -199,40 +199,18 @@ def run_tests(
     n = suite_size(suite)
     if n == 0:
         return SandboxResult.not_run("no_tests", "the test suite is empty", 0, level)
-    limits = limits or Limits()
     caps = detect()
-    if not caps.root:  # RLIMIT_NPROC counts all of the user's processes, not just the job's
-        limits = dataclasses.replace(limits, nproc=limits.nproc + len(uid_pids(os.getuid())))
+    limits = _job_limits(limits or Limits(), caps)
     t0 = time.monotonic()
     with uid_lease() as uid, contextlib.ExitStack() as stack:
-        if level == "strict":
-            argv, cwd, workdir = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb,
-                                                tuple(hide_paths)), "/", INSIDE_WORKDIR
-            pid_ns = True
-        else:
-            workdir = cwd = tempfile.mkdtemp(prefix="grouprl-sandbox-")
-            stack.callback(shutil.rmtree, workdir, True)
-            if uid is not None:
-                os.chown(workdir, uid, uid)
-            os.chmod(workdir, 0o700)
-            argv, pid_ns = _basic_prefix(caps)
-        judge_src, server_src = scripts()
+        argv, cwd, workdir, pid_ns = _launcher(level, caps, limits, tuple(hide_paths), uid, stack)
         # basic has no mount namespace: after the judge drops to the job's uid it (and the program) must
         # still be able to read the interpreter's stdlib, so both use one the uid can reach
         python = caps.python if level == "strict" else caps.basic_python
-        if suite["kind"] == "call":  # Python values (tuples, sets, bytes...) survive the trip to the judge
-            suite = {**suite, "cases": [{k: wire.encode(v) for k, v in case.items()} for case in suite["cases"]]}
         nonce = secrets.token_hex(16)
-        spec = {
-            "nonce": nonce, "uid": uid, "python": python, "server_src": server_src, "code": code,
-            "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
-            # kill(-1) from the judge reaches only the job's own processes: under a dedicated uid or in
-            # a PID namespace. Never otherwise -- it would hit every process of the user.
-            "sweep": uid is not None or pid_ns,
-            "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
-            "env": _env(workdir),
-        }
-        argv = argv + [python, "-I", "-S", "-c", judge_src]
+        spec = _job_spec(code, suite, nonce=nonce, uid=uid, python=python, timeout=timeout,
+                         test_timeout=test_timeout, sweep=uid is not None or pid_ns, limits=limits, workdir=workdir)
+        argv = argv + [python, "-I", "-S", "-c", scripts()[0]]
         try:
             out, err, killed = _communicate(argv, cwd, _env(workdir), json.dumps(spec).encode(), timeout + GRACE_S)
         except OSError as e:
@@ -241,6 +219,47 @@ def run_tests(
     result.seconds = time.monotonic() - t0
     result.isolation = level
     return result
+
+
+def _job_limits(limits: Limits, caps) -> Limits:
+    """``limits`` for this job. Without root, RLIMIT_NPROC counts all of the user's processes, not just
+    the job's: the ones already running are added to the allowance."""
+    if caps.root:
+        return limits
+    return dataclasses.replace(limits, nproc=limits.nproc + len(uid_pids(os.getuid())))
+
+
+def _launcher(level: str, caps, limits: Limits, hide_paths: tuple[str, ...], uid: int | None,
+              stack: contextlib.ExitStack) -> tuple[list[str], str, str, bool]:
+    """(argv prefix, cwd of the launcher, the job's working directory as the judge sees it, whether the job
+    has its own PID namespace). Basic: a fresh host directory, owned by the job's uid and removed when
+    ``stack`` closes. Strict: bubblewrap's private tmpfs."""
+    if level == "strict":
+        argv = bwrap_argv(caps.bwrap, caps.root, caps.masked_dirs, limits.tmpfs_mb, hide_paths)
+        return argv, "/", INSIDE_WORKDIR, True
+    workdir = tempfile.mkdtemp(prefix="grouprl-sandbox-")
+    stack.callback(shutil.rmtree, workdir, True)
+    if uid is not None:
+        os.chown(workdir, uid, uid)
+    os.chmod(workdir, 0o700)
+    argv, pid_ns = _basic_prefix(caps)
+    return argv, workdir, workdir, pid_ns
+
+
+def _job_spec(code: str, suite: dict, *, nonce: str, uid: int | None, python: str, timeout: float,
+              test_timeout: float | None, sweep: bool, limits: Limits, workdir: str) -> dict[str, Any]:
+    """What the judge reads on stdin (see ``_judge.py``)."""
+    if suite["kind"] == "call":  # Python values (tuples, sets, bytes...) survive the trip to the judge
+        suite = {**suite, "cases": [{k: wire.encode(v) for k, v in case.items()} for case in suite["cases"]]}
+    return {
+        "nonce": nonce, "uid": uid, "python": python, "server_src": scripts()[1], "code": code,
+        "suite": suite, "job_timeout": float(timeout), "test_timeout": float(test_timeout or timeout),
+        # kill(-1) from the judge reaches only the job's own processes: under a dedicated uid or in
+        # a PID namespace. Never otherwise -- it would hit every process of the user.
+        "sweep": sweep,
+        "limits": asdict(limits) | {"as_mb": limits.memory_mb, "cpu_s": math.ceil(timeout) + 1},
+        "env": _env(workdir),
+    }
 
 
 def _basic_prefix(caps) -> tuple[list[str], bool]:

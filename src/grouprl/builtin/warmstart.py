@@ -3,7 +3,7 @@
 ``builtin_model_path("arithmetic")`` returns a directory that ``AutoModelForCausalLM.from_pretrained``
 and ``AutoTokenizer.from_pretrained`` load exactly like a hub model. The first call builds it:
 
-1. a byte-level BPE tokenizer trained on the task's text, digits split one per token (``grouprl.tiny``);
+1. a byte-level BPE tokenizer trained on the task's text, digits split one per token (:mod:`grouprl.builtin.tiny`);
 2. a randomly initialised ``Qwen2ForCausalLM`` (hidden 128, 3 layers, ~0.8M parameters);
 3. supervised fine-tuning on demonstrations ``<think>23+45=68</think>Answer: 68`` for a fixed
    number of steps -- deliberately SHORT, so the model knows the output format but gets only some answers
@@ -11,7 +11,9 @@ and ``AutoTokenizer.from_pretrained`` load exactly like a hub model. The first c
 
 The result is cached under ``<cache_dir>/warmstart/<name>-<hash>`` where the hash covers every SFT
 setting (and a format version), so changing a setting rebuilds and an unchanged one is loaded in a
-second. ``cache_dir`` defaults to ``$GROUPRL_CACHE`` or ``./.cache/grouprl``. Building is deterministic
+second. ``cache_dir`` defaults to ``$GROUPRL_CACHE`` when set, else the user cache directory
+``$XDG_CACHE_HOME/grouprl`` (``~/.cache/grouprl`` when ``XDG_CACHE_HOME`` is unset) -- never the current
+folder, so runs started from different folders share one build. Building is deterministic
 (fixed seeds, data order, one thread count, ``torch.use_deterministic_algorithms``): the same settings
 give the same weights on the same software stack.
 
@@ -86,7 +88,12 @@ WARMSTARTS: dict[str, WarmStart] = {
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("GROUPRL_CACHE") or Path.cwd() / ".cache" / "grouprl")
+    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl``."""
+    if os.environ.get("GROUPRL_CACHE"):
+        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "grouprl"
 
 
 def get_warmstart(name: str) -> WarmStart:
@@ -190,8 +197,8 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
     import torch
 
+    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
     from grouprl.data.tasks import corpus
-    from grouprl.tiny import build_tiny_model, build_tokenizer, save_tiny
 
     t0 = time.perf_counter()
     with _deterministic_torch(spec.threads):
