@@ -222,13 +222,16 @@ def gspo_token_loss(
 
     s_{i,t} equals s_i in value; its gradient is s_i * grad log pi_theta(y_{i,t}). With one advantage per
     sequence and ``seq_mean_token_mean`` aggregation it has the same value and gradient as ``gspo``.
-    sg[s_i] uses the same clamped sequence log-ratio as ``gspo``.
+    log s_{i,t} is clamped to +-``SEQ_LOG_RATIO_BOUND`` = 10 as ``gspo``'s log s_i is (no gradient beyond).
 
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "gspo_token loss")
-    seq_ratio = torch.exp(_sequence_log_ratio(logp, old_logp, m)).detach()
-    token_ratio = seq_ratio * torch.exp(logp - logp.detach())
+    # log s_{i,t} = sg[log s_i] + logp - sg[logp], clamped as a whole: beyond the bound the token gets no
+    # gradient, exactly like ``gspo`` (whose clamp sits on log s_i itself).
+    seq_log_ratio = masked_mean(logp - old_logp, m, dim=-1).unsqueeze(-1).detach()
+    token_log_ratio = seq_log_ratio + (logp - logp.detach())
+    token_ratio = torch.exp(torch.clamp(token_log_ratio, -SEQ_LOG_RATIO_BOUND, SEQ_LOG_RATIO_BOUND))
     loss = _clipped_surrogate_loss(token_ratio, a, eps_low, eps_high)
     loss = torch.where(m > 0, loss, torch.zeros_like(loss))
     return loss, _ratio_metrics(token_ratio, a, m, eps_low, eps_high)
