@@ -36,10 +36,10 @@ def test_grpo_unbiased_std():
     assert adv.tolist()[0] == pytest.approx([-0.925820, 0.0, -0.462910, 1.388730], abs=1e-6)
 
 
-def test_grpo_seed_binary_example_corrected():
+def test_grpo_binary_five_of_eight_example():
     # 5 correct of 8: mean 5/8, population std sqrt(5/8 * 3/8) = sqrt(15)/8 = 0.484123.
     # correct: (3/8)/(sqrt15/8) = 3/sqrt15 = 0.774597; wrong: -5/sqrt15 = -1.290994.
-    # (The seed's comment claims +0.667 / -1.333, which is wrong.)
+    # (+0.667 / -1.333, sometimes quoted for this case, is wrong.)
     adv = grpo(t([[1, 0, 1, 1, 0, 1, 0, 1]]))[0]
     assert adv[0].item() == pytest.approx(3 / math.sqrt(15), abs=1e-6)
     assert adv[1].item() == pytest.approx(-5 / math.sqrt(15), abs=1e-6)
@@ -121,14 +121,14 @@ def test_gae_lambda_one_is_discounted_return_minus_value():
     assert adv.tolist()[0] == pytest.approx([0.31, 0.3, 0.3])
 
 
-def test_seed_convenience_function():
+def test_compute_grpo_advantages_one_group():
     assert compute_grpo_advantages([1, 3, 2, 6]) == pytest.approx([-1.069045, 0.0, -0.534522, 1.603567], abs=1e-6)
     assert compute_grpo_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
     assert compute_grpo_advantages([1, None, 3]) == pytest.approx([-1.0, 0.0, 1.0], abs=1e-7)
     assert compute_grpo_advantages([]) == []
 
 
-def test_seed_done_when_command():
+def test_compute_grpo_advantages_from_a_fresh_interpreter():
     # The issue's "Done when" command, run exactly as a user would.
     cmd = "from grouprl.algo import compute_grpo_advantages as f; print(f([1,3,2,6]))"
     out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, check=True).stdout
@@ -171,8 +171,8 @@ def test_property_invariant_to_shift_and_positive_scale(rewards, shift, scale):
     assert torch.allclose(grpo(r * scale), base, atol=1e-5)
 
 
-def _seed_listing_advantages(rewards, eps=1e-8):
-    """The seed text's compute_grpo_advantages listing (numpy, population std), transcribed."""
+def _numpy_listing_advantages(rewards, eps=1e-8):
+    """The usual numpy compute_grpo_advantages listing (population std, zero below eps), transcribed."""
     import numpy as np
 
     rewards = np.array(rewards, dtype=np.float64)
@@ -184,8 +184,8 @@ def _seed_listing_advantages(rewards, eps=1e-8):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-100, 100, allow_nan=False), min_size=1, max_size=16))
-def test_property_seed_api_equals_the_seed_listing(rewards):
-    assert compute_grpo_advantages(rewards) == pytest.approx(_seed_listing_advantages(rewards), abs=1e-9)
+def test_property_list_api_equals_the_numpy_listing(rewards):
+    assert compute_grpo_advantages(rewards) == pytest.approx(_numpy_listing_advantages(rewards), abs=1e-9)
 
 
 # ---- zero-std groups (dynamic sampling) ------------------------------------------------------------
