@@ -109,7 +109,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k3_st")
 def kl_k3_st(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3's value with k2's gradient: sg[k3] + k2 - sg[k2] (straight-through).
+    """k3's value with k2's gradient (straight-through): sg(k3) + k2 - sg(k2).
 
     Paper: GRPO's KL term, arXiv 2402.03300, Eq. (4), with the gradient fixed per Schulman 2020: the
     value is the unbiased, non-negative k3 estimate of KL(pi_theta || pi_ref) (what is logged), the
