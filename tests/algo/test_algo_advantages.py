@@ -11,7 +11,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from grouprl.algo import compute_gae, compute_grpo_advantages
+from grouprl.algo import ZERO_STD_TOL, compute_gae, compute_grpo_advantages, zero_std_groups
 from grouprl.registry import ADVANTAGES
 
 grpo = ADVANTAGES.get("grpo")
@@ -36,10 +36,10 @@ def test_grpo_unbiased_std():
     assert adv.tolist()[0] == pytest.approx([-0.925820, 0.0, -0.462910, 1.388730], abs=1e-6)
 
 
-def test_grpo_seed_binary_example_corrected():
+def test_grpo_binary_five_of_eight_example():
     # 5 correct of 8: mean 5/8, population std sqrt(5/8 * 3/8) = sqrt(15)/8 = 0.484123.
     # correct: (3/8)/(sqrt15/8) = 3/sqrt15 = 0.774597; wrong: -5/sqrt15 = -1.290994.
-    # (The seed's comment claims +0.667 / -1.333, which is wrong.)
+    # (+0.667 / -1.333, sometimes quoted for this case, is wrong.)
     adv = grpo(t([[1, 0, 1, 1, 0, 1, 0, 1]]))[0]
     assert adv[0].item() == pytest.approx(3 / math.sqrt(15), abs=1e-6)
     assert adv[1].item() == pytest.approx(-5 / math.sqrt(15), abs=1e-6)
@@ -121,14 +121,14 @@ def test_gae_lambda_one_is_discounted_return_minus_value():
     assert adv.tolist()[0] == pytest.approx([0.31, 0.3, 0.3])
 
 
-def test_seed_convenience_function():
+def test_compute_grpo_advantages_one_group():
     assert compute_grpo_advantages([1, 3, 2, 6]) == pytest.approx([-1.069045, 0.0, -0.534522, 1.603567], abs=1e-6)
     assert compute_grpo_advantages([0.5, 0.5, 0.5]) == [0.0, 0.0, 0.0]
     assert compute_grpo_advantages([1, None, 3]) == pytest.approx([-1.0, 0.0, 1.0], abs=1e-7)
     assert compute_grpo_advantages([]) == []
 
 
-def test_seed_done_when_command():
+def test_compute_grpo_advantages_from_a_fresh_interpreter():
     # The issue's "Done when" command, run exactly as a user would.
     cmd = "from grouprl.algo import compute_grpo_advantages as f; print(f([1,3,2,6]))"
     out = subprocess.run([sys.executable, "-c", cmd], capture_output=True, text=True, check=True).stdout
@@ -171,8 +171,8 @@ def test_property_invariant_to_shift_and_positive_scale(rewards, shift, scale):
     assert torch.allclose(grpo(r * scale), base, atol=1e-5)
 
 
-def _seed_listing_advantages(rewards, eps=1e-8):
-    """The seed text's compute_grpo_advantages listing (numpy, population std), transcribed."""
+def _numpy_listing_advantages(rewards, eps=1e-8):
+    """The usual numpy compute_grpo_advantages listing (population std, zero below eps), transcribed."""
     import numpy as np
 
     rewards = np.array(rewards, dtype=np.float64)
@@ -184,5 +184,53 @@ def _seed_listing_advantages(rewards, eps=1e-8):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(-100, 100, allow_nan=False), min_size=1, max_size=16))
-def test_property_seed_api_equals_the_seed_listing(rewards):
-    assert compute_grpo_advantages(rewards) == pytest.approx(_seed_listing_advantages(rewards), abs=1e-9)
+def test_property_list_api_equals_the_numpy_listing(rewards):
+    assert compute_grpo_advantages(rewards) == pytest.approx(_numpy_listing_advantages(rewards), abs=1e-9)
+
+
+# ---- zero-std groups (dynamic sampling) ------------------------------------------------------------
+
+
+def test_zero_std_groups_hand_cases():
+    # [1,1,1] flat; [0,1,1] std sqrt(2/9) = .471; [nan,1,nan] one valid -> no baseline; [nan,nan,nan] none;
+    # [nan,0,1] valid [0,1] std .5; [2, 2 + 1e-9, 2] population std 4.7e-10 < 1e-8 -> zero-std
+    nan = float("nan")
+    rewards = t([[1, 1, 1], [0, 1, 1], [nan, 1, nan], [nan, nan, nan], [nan, 0, 1], [2, 2 + 1e-9, 2]])
+    assert zero_std_groups(rewards).tolist() == [True, False, True, True, False, True]
+    assert ZERO_STD_TOL == 1e-8
+
+
+@pytest.mark.parametrize("std", ["population", "unbiased"])
+def test_zero_std_groups_agree_with_grpo_at_the_tolerance(std):
+    # Spreads straddling the tolerance: population std of [0, d] is d/2, unbiased d/sqrt2. A group is
+    # reported zero-std exactly when grpo gives it all-zero advantages.
+    ds = [0.0, 1e-9, 1.9e-8, 2e-8, 2.1e-8, 1.5e-8, 1e-7, 1.0]
+    rewards = t([[0.0, d] for d in ds])
+    flat = zero_std_groups(rewards, std=std)
+    adv = grpo(rewards, std=std)
+    assert flat.tolist() == (adv == 0).all(-1).tolist()
+    assert 0 < int(flat.sum()) < len(ds)  # both outcomes exercised
+    assert zero_std_groups(rewards, eps=1e-6, std=std).tolist() == (grpo(rewards, eps=1e-6, std=std) == 0).all(-1).tolist()
+
+
+def test_zero_std_groups_rejects_bad_input():
+    with pytest.raises(ValueError, match="std="):
+        zero_std_groups(t([[0, 1]]), std="sample")
+    with pytest.raises(ValueError, match=r"\[B, G\]"):
+        zero_std_groups(t([0, 1]))
+
+
+def test_nan_rewards_hand_numbers_every_estimator():
+    # group [0, nan, 1, 1]: valid [0, 1, 1], mean 2/3, population std sqrt(2/9) = .471405
+    #   grpo:    [-2/3, 0, 1/3, 1/3] / .471405 = [-1.414214, 0, .707107, .707107]
+    #   dr_grpo: [-.666667, 0, .333333, .333333]
+    #   rloo:    n = 3 -> 3/2 * (r - mean) = [-1, 0, .5, .5]
+    # group [nan, nan, nan, nan]: all 0 for every estimator
+    nan = float("nan")
+    rewards = t([[0, nan, 1, 1], [nan, nan, nan, nan]])
+    assert grpo(rewards)[0].tolist() == pytest.approx([-1.414214, 0, 0.707107, 0.707107], abs=1e-6)
+    assert dr_grpo(rewards)[0].tolist() == pytest.approx([-2 / 3, 0, 1 / 3, 1 / 3], abs=1e-12)
+    assert rloo(rewards)[0].tolist() == pytest.approx([-1.0, 0.0, 0.5, 0.5], abs=1e-12)
+    for fn in (grpo, dr_grpo, rloo):
+        assert fn(rewards)[1].tolist() == [0.0] * 4
+    assert grpo(rewards, scale="batch")[1].tolist() == [0.0] * 4

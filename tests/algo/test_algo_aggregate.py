@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -35,11 +37,25 @@ def test_seq_mean_token_sum_norm_hand_numbers():
     assert agg(PER_TOKEN, MASK, max_len=10, num_seqs=4, num_tokens=99).item() == pytest.approx(0.175)
 
 
-def test_empty_sequences_add_nothing():
-    # a fully masked row contributes 0 to every aggregation and the result stays finite
+def test_empty_sequences_add_nothing_and_are_not_counted():
+    # Row 1 fully masked (e.g. a truncated completion under mask_truncated_completions):
+    # token_mean: (1 + 2) / 2 = 1.5.
+    # seq_mean_token_mean: only row 0 counts: its mean 1.5 / 1 sequence = 1.5 (was 1.5 / 2 = .75, diluted).
+    # seq_mean_token_sum_norm: token sum 3 / (1 non-empty sequence * T = 3) = 1.0 (was 3 / 6 = .5).
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
     assert AGGREGATIONS.get("token_mean")(PER_TOKEN, mask).item() == pytest.approx(1.5)
-    assert AGGREGATIONS.get("seq_mean_token_mean")(PER_TOKEN, mask).item() == pytest.approx(0.75)
+    assert AGGREGATIONS.get("seq_mean_token_mean")(PER_TOKEN, mask).item() == pytest.approx(1.5)
+    assert AGGREGATIONS.get("seq_mean_token_sum_norm")(PER_TOKEN, mask).item() == pytest.approx(1.0)
+    # an explicit num_seqs (the step's count of non-empty sequences) is used as given: 1.5 / 3 = .5
+    assert AGGREGATIONS.get("seq_mean_token_mean")(PER_TOKEN, mask, num_seqs=3).item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("name", AGGREGATIONS.names())
+def test_all_sequences_empty_gives_zero_with_zero_gradient(name):
+    per_token = PER_TOKEN.clone().requires_grad_(True)
+    out = AGGREGATIONS.get(name)(per_token, torch.zeros(2, 3))
+    (grad,) = torch.autograd.grad(out, per_token)
+    assert out.item() == 0.0 and (grad == 0).all()
 
 
 # ---- micro-batch invariance ------------------------------------------------------------------------
@@ -64,7 +80,8 @@ def _step_gradient(loss_name, agg_name, micro_batch):
     longest sequence (as a collator would pad it), with the step's totals as normalisers."""
     x, tokens, mask, adv, w0, old_logp = _setup()
     w = w0.clone().requires_grad_(True)
-    hp = {"eps_low": 0.05, "eps_high": 0.08}
+    hp = {k: v for k, v in {"eps_low": 0.05, "eps_high": 0.08}.items()
+          if k in inspect.signature(POLICY_LOSSES.get(loss_name)).parameters}  # a loss may take neither
     totals = {"num_tokens": int(mask.sum()), "num_seqs": N, "max_len": T}
     for start in range(0, N, micro_batch):
         rows = slice(start, start + micro_batch)

@@ -1,4 +1,4 @@
-"""The seeds' compute_grpo_loss / compute_gspo_loss: formula by default, listing as an option."""
+"""compute_grpo_loss / compute_gspo_loss: the papers' per-sequence mean by default, the all-token mean as an option."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ D = torch.float64
 #   seq 0: A = 1 -> per-token objective min(1.5, 1.2) = 1.2 -> loss -1.2 (1 token)
 #   seq 1: A = -1 -> min(-1.5, -1.2) = -1.5 -> loss 1.5 on each of 3 tokens
 # formula (per-sequence mean first): (-1.2 + 1.5) / 2 = .15
-# seed listing (all tokens of the batch): (-1.2 + 3 * 1.5) / 4 = 3.3 / 4 = .825
+# all-token listing (all tokens of the batch): (-1.2 + 3 * 1.5) / 4 = 3.3 / 4 = .825
 LOGP = torch.full((2, 3), LOG(1.5), dtype=D)
 OLD = torch.zeros(2, 3, dtype=D)
 ADV = torch.tensor([1.0, -1.0], dtype=D)
 MASK = torch.tensor([[1, 0, 0], [1, 1, 1]])
 
 
-def test_seed_signatures_and_defaults():
+def test_signatures_and_defaults():
     for fn, eps in ((compute_grpo_loss, 0.2), (compute_gspo_loss, 3e-4)):
         params = list(inspect.signature(fn).parameters.values())
         names = [p.name for p in params[:5]]
@@ -58,8 +58,8 @@ def test_compute_grpo_loss_with_kl_term():
         compute_grpo_loss(LOGP, OLD, ADV, MASK, beta=0.1)
 
 
-def _seed_listing_gspo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=3e-4):
-    """The seed text's compute_gspo_loss listing, transcribed line by line (all-token mean at the end)."""
+def _all_token_listing_gspo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=3e-4):
+    """A common compute_gspo_loss listing, transcribed line by line (all-token mean at the end)."""
     per_token_log_ratio = per_token_logps - old_per_token_logps
     seq_log_ratio = (per_token_log_ratio * completion_mask).sum(dim=-1) / completion_mask.sum(dim=-1).clamp(min=1.0)
     rho_seq = torch.exp(seq_log_ratio)
@@ -70,8 +70,8 @@ def _seed_listing_gspo(per_token_logps, old_per_token_logps, advantages, complet
     return (token_loss * completion_mask).sum() / completion_mask.sum()
 
 
-def _seed_listing_grpo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=0.2):
-    """The seed text's compute_grpo_loss listing, transcribed line by line."""
+def _all_token_listing_grpo(per_token_logps, old_per_token_logps, advantages, completion_mask, clip_eps=0.2):
+    """A common compute_grpo_loss listing, transcribed line by line (all-token mean)."""
     per_token_ratio = torch.exp(per_token_logps - old_per_token_logps)
     per_token_clipped = torch.clamp(per_token_ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     surr1 = per_token_ratio * advantages.unsqueeze(-1)
@@ -79,9 +79,9 @@ def _seed_listing_grpo(per_token_logps, old_per_token_logps, advantages, complet
     return (-torch.min(surr1, surr2) * completion_mask).sum() / completion_mask.sum()
 
 
-@pytest.mark.parametrize("ours, listing, eps", [(compute_grpo_loss, _seed_listing_grpo, 0.2),
-                                                (compute_gspo_loss, _seed_listing_gspo, 0.02)])
-def test_token_mean_option_reproduces_the_seed_listing_value_and_gradient(ours, listing, eps):
+@pytest.mark.parametrize("ours, listing, eps", [(compute_grpo_loss, _all_token_listing_grpo, 0.2),
+                                                (compute_gspo_loss, _all_token_listing_gspo, 0.02)])
+def test_token_mean_option_reproduces_the_all_token_listing_value_and_gradient(ours, listing, eps):
     torch.manual_seed(0)
     logp = (-torch.rand(6, 7, dtype=D) * 2).requires_grad_(True)
     old = (logp + 0.1 * torch.randn(6, 7, dtype=D)).detach()

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from grouprl.builtins import load_builtins
-from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, Registry
 
 load_builtins()
 D = torch.float64
-METRIC_KEYS = {"ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "clip_frac", "approx_kl"}
+RATIO_METRICS = {"ratio_mean", "ratio_min", "ratio_max", "clip_frac_low", "clip_frac_high", "clip_frac", "approx_kl"}
 DOCS = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ALGORITHMS.md"
 
 
@@ -26,40 +26,111 @@ def _batch(seed=0, n=4, t=5):
     return logp, old_logp, adv, mask
 
 
-@pytest.mark.parametrize("name", POLICY_LOSSES.names())
-def test_policy_loss_finite_output_and_metrics(name):
-    logp, old_logp, adv, mask = _batch()
-    per_token, metrics = POLICY_LOSSES.get(name)(logp, old_logp, adv, mask)
-    assert per_token.shape == logp.shape
-    assert torch.isfinite(per_token).all()
-    assert (per_token[mask == 0] == 0).all()
-    assert METRIC_KEYS <= set(metrics)
+def _check_metrics(metrics):
+    """Any subset of metric names is fine; each value is a detached, finite 0-dim tensor."""
+    assert isinstance(metrics, dict)
     for key, value in metrics.items():
+        assert isinstance(key, str)
         assert isinstance(value, torch.Tensor) and value.dim() == 0 and torch.isfinite(value), key
         assert not value.requires_grad, key
 
 
-@pytest.mark.parametrize("name", POLICY_LOSSES.names())
-def test_policy_loss_masked_tokens_get_zero_gradient_even_with_garbage(name):
+def check_finite_output_and_metrics(fn):
+    logp, old_logp, adv, mask = _batch()
+    per_token, metrics = fn(logp, old_logp, adv, mask)
+    assert per_token.shape == logp.shape
+    assert torch.isfinite(per_token).all()
+    assert (per_token[mask == 0] == 0).all()
+    _check_metrics(metrics)
+
+
+def check_masked_tokens_get_zero_gradient_even_with_garbage(fn):
     logp, old_logp, adv, mask = _batch()
     # padding positions hold garbage (inf / nan / huge) in both log-prob tensors
     garbage = torch.tensor([float("inf"), float("nan"), 1e4, -float("inf")], dtype=D)
     fill = garbage.repeat(logp.numel() // 4 + 1)[: logp.numel()].reshape(logp.shape)
     logp = torch.where(mask > 0, logp.detach(), fill).requires_grad_(True)
     old_logp = torch.where(mask > 0, old_logp, fill.flip(0))
-    per_token, _ = POLICY_LOSSES.get(name)(logp, old_logp, adv, mask)
+    per_token, _ = fn(logp, old_logp, adv, mask)
     (grad,) = torch.autograd.grad(per_token.sum(), logp)
     assert torch.isfinite(grad).all()
     assert (grad[mask == 0] == 0).all()
     assert grad[mask == 1].abs().sum() > 0
 
 
-@pytest.mark.parametrize("name", POLICY_LOSSES.names())
-def test_policy_loss_zero_advantage_gives_zero_gradient(name):
+def check_zero_advantage_gives_zero_gradient(fn):
     logp, old_logp, _, mask = _batch()
-    per_token, _ = POLICY_LOSSES.get(name)(logp, old_logp, torch.zeros(4, dtype=D), mask)
+    per_token, _ = fn(logp, old_logp, torch.zeros(4, dtype=D), mask)
     (grad,) = torch.autograd.grad(per_token.sum(), logp)
     assert (grad == 0).all()
+
+
+GARBAGE = [float("inf"), -float("inf"), float("nan")]
+
+
+def _extreme_batch(log_ratio, dtype):
+    """Real tokens whose log-ratio logp - old_logp is +-log_ratio (alternating signs, so every sequence
+    has both), realistic logp; padding holds +inf / -inf / NaN in logp and old_logp."""
+    logp, _, adv, mask = _batch()
+    sign = torch.tensor([1.0, -1.0]).repeat(3)[:5].expand(4, 5)
+    old_logp = logp.detach() - sign.to(D) * log_ratio
+    fill = torch.tensor(GARBAGE * 7, dtype=D)[:20].reshape(4, 5)
+    logp = torch.where(mask > 0, logp.detach(), fill).to(dtype).requires_grad_(True)
+    old_logp = torch.where(mask > 0, old_logp, fill.flip(1)).to(dtype)
+    return logp, old_logp, adv.to(dtype), mask
+
+
+def check_extreme_log_ratios_stay_finite(fn, log_ratio, dtype, **hp):
+    logp, old_logp, adv, mask = _extreme_batch(log_ratio, dtype)
+    per_token, metrics = fn(logp, old_logp, adv, mask, **hp)
+    assert torch.isfinite(per_token).all() and (per_token[mask == 0] == 0).all()
+    (grad,) = torch.autograd.grad(AGGREGATIONS.get("token_mean")(per_token, mask), logp)
+    assert torch.isfinite(grad).all() and (grad[mask == 0] == 0).all()
+    _check_metrics(metrics)
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_finite_output_and_metrics(name):
+    check_finite_output_and_metrics(POLICY_LOSSES.get(name))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_masked_tokens_get_zero_gradient_even_with_garbage(name):
+    check_masked_tokens_get_zero_gradient_even_with_garbage(POLICY_LOSSES.get(name))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_zero_advantage_gives_zero_gradient(name):
+    check_zero_advantage_gives_zero_gradient(POLICY_LOSSES.get(name))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("log_ratio", [100.0, 1000.0])
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_extreme_log_ratios_finite_values_and_gradients(name, log_ratio, dtype):
+    # +-100 and +-1000 on real tokens, +-inf / NaN on padding; also with grpo's dual-clip and delta cap
+    check_extreme_log_ratios_stay_finite(POLICY_LOSSES.get(name), log_ratio, dtype)
+    if name == "grpo":
+        check_extreme_log_ratios_stay_finite(POLICY_LOSSES.get(name), log_ratio, dtype, dual_clip=3.0)
+        check_extreme_log_ratios_stay_finite(POLICY_LOSSES.get(name), log_ratio, dtype, delta=4.0)
+
+
+def test_minimal_custom_loss_passes_the_contract():
+    # A new loss need not take eps_low / eps_high nor return any ratio metric: REINFORCE, no metrics.
+    reg = Registry("policy loss")
+
+    @reg.register("reinforce")
+    def reinforce(logp, old_logp, adv, mask):
+        """REINFORCE: -A log pi (Williams 1992). Shapes: [N, T] x 2, [N], [N, T] -> ([N, T], {})."""
+        safe = torch.where(mask > 0, logp, torch.zeros_like(logp))
+        return -adv.unsqueeze(-1) * safe * mask.to(logp.dtype), {}
+
+    fn = reg.get("reinforce")
+    check_finite_output_and_metrics(fn)
+    check_masked_tokens_get_zero_gradient_even_with_garbage(fn)
+    check_zero_advantage_gives_zero_gradient(fn)
+    for log_ratio in (100.0, 1000.0):
+        check_extreme_log_ratios_stay_finite(fn, log_ratio, torch.float32)
 
 
 @pytest.mark.parametrize("name", [n for n in POLICY_LOSSES.names() if n.startswith("gspo")])
@@ -78,7 +149,7 @@ def test_gspo_equals_grpo_when_one_token(name):
     (g_ref,) = torch.autograd.grad(ref.sum(), logp)
     assert torch.allclose(g_ours, g_ref, atol=1e-12)
     assert 0 < m_ref["clip_frac"].item() < 1
-    for key in METRIC_KEYS:
+    for key in RATIO_METRICS:
         assert m_ours[key].item() == pytest.approx(m_ref[key].item(), abs=1e-12), key
 
 
@@ -94,6 +165,20 @@ def test_advantage_contract(name):
     assert (adv[0] > 0).tolist() == [True, False, True, True]  # better than the group -> positive
 
 
+@pytest.mark.parametrize("name", ADVANTAGES.names())
+def test_advantage_nan_rewards_mixed_and_all_nan_groups(name):
+    # NaN = no opinion: 0 advantage, and the group's statistics are those of the other rewards, so a
+    # group with NaNs gives its valid members the same advantages as the group without the NaN entries.
+    nan = float("nan")
+    rewards = torch.tensor([[0.0, nan, 1.0, nan, 1.0], [nan] * 5, [nan, 3.0, nan, nan, nan]], dtype=D)
+    adv = ADVANTAGES.get(name)(rewards)
+    assert torch.isfinite(adv).all()
+    assert adv[torch.isnan(rewards)].eq(0).all()
+    assert adv[1:].eq(0).all()  # all-NaN group, and a group with one valid reward: no baseline
+    alone = ADVANTAGES.get(name)(torch.tensor([[0.0, 1.0, 1.0]], dtype=D))[0]
+    assert adv[0, [0, 2, 4]].tolist() == pytest.approx(alone.tolist(), abs=1e-12)
+
+
 @pytest.mark.parametrize("name", AGGREGATIONS.names())
 def test_aggregation_contract(name):
     per_token = torch.randn(3, 4, dtype=D, requires_grad=True)
@@ -106,6 +191,22 @@ def test_aggregation_contract(name):
     ones = AGGREGATIONS.get(name)(torch.ones(3, 4, dtype=D), mask)
     expected = 8 / 12 if name == "seq_mean_token_sum_norm" else 1.0  # 8 real tokens / (3 seqs x 4)
     assert ones.item() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("log_ratio", [100.0, 1000.0])
+@pytest.mark.parametrize("name", KL_ESTIMATORS.names())
+def test_kl_estimator_extreme_log_ratios_finite_values_and_gradients(name, log_ratio, dtype):
+    # log(ref/pi) = +-100 / +-1000 on real tokens, +-inf / NaN on padding (in logp and ref_logp), reduced
+    # with the mask the way the trainer does: value and gradient finite, padding gets no gradient.
+    logp, ref_logp, _, mask = _extreme_batch(log_ratio, dtype)
+    kl = KL_ESTIMATORS.get(name)(logp, ref_logp)
+    assert torch.isfinite(kl[mask > 0]).all()
+    for agg in AGGREGATIONS.names():
+        out = AGGREGATIONS.get(agg)(kl, mask)
+        (grad,) = torch.autograd.grad(out, logp, retain_graph=True)
+        assert torch.isfinite(out) and torch.isfinite(grad).all(), agg
+        assert (grad[mask == 0] == 0).all(), agg
 
 
 @pytest.mark.parametrize("name", KL_ESTIMATORS.names())

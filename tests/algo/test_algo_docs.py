@@ -19,7 +19,7 @@ def test_docstring_examples_hold(name):
     assert result.failed == 0, f"{result.failed} of {result.attempted} docstring examples failed (see output)"
 
 
-def test_the_seed_example_is_among_them():
+def test_the_worked_example_is_among_them():
     # compute_grpo_advantages carries the must-hold example: [1, 3, 2, 6] -> [-1.069, 0, -0.535, 1.604]
     result = doctest.testmod(importlib.import_module("grouprl.algo.advantages"))
     assert result.attempted >= 1 and result.failed == 0

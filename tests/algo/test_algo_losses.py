@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grouprl.algo import dpo_ipo_loss, dpo_sigmoid_loss, ppo_value_loss
+from grouprl.algo import LOG_RATIO_BOUND, SEQ_LOG_RATIO_BOUND, dpo_ipo_loss, dpo_sigmoid_loss, ppo_value_loss
 from grouprl.registry import AGGREGATIONS, POLICY_LOSSES
 
 LOG = math.log
@@ -84,6 +84,46 @@ def test_grpo_dual_clip_and_delta_cap_negative_advantages():
     assert (loss.item(), grad.item()) == pytest.approx((2.0, 0.0))
     for hp in ({"dual_clip": 3.0}, {"delta": 2.0}):
         assert loss_and_grad("grpo", logp, old, pos, mask, **hp)[0].item() == pytest.approx(-1.2)
+
+
+def test_grpo_regression_dual_clip_fp32_log_ratio_100_has_finite_gradient():
+    # fp32, log-ratio 100, A = -1, dual_clip 3: unclamped, exp(100) = inf, the loss took the dual-clip
+    # branch (3) and the gradient of the unselected branch was 0 * inf = NaN. Clamped at 20:
+    # rho = e^20 = 4.85e8, loss min(-min(-rho, -1.2), 3) = min(rho, 3) = 3, gradient 0.
+    logp = torch.tensor([[100.0]], requires_grad=True)
+    per_token, m = POLICY_LOSSES.get("grpo")(logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1),
+                                              dual_clip=3.0)
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)
+    assert per_token.item() == pytest.approx(3.0)
+    assert grad.item() == 0.0
+    assert m["ratio_max"].item() == pytest.approx(math.exp(20), rel=1e-6)  # honest, not a placeholder
+    assert math.isfinite(m["approx_kl"].item())
+
+
+def test_log_ratio_bounds_hand_numbers():
+    # grpo, log-ratio 25 -> clamped 20, A = -1, no dual clip: loss -min(-e^20, -1.2) = e^20 = 4.8517e8, grad 0
+    #       (the clamp passes no gradient); log-ratio 19 inside: loss e^19, grad -rho A = e^19.
+    # cispo, log-ratio 25: weight clip(e^20, 0, 1.28) = 1.28, A = 1, logp = -1: loss 1.28, grad -1.28.
+    assert LOG_RATIO_BOUND == 20.0 and SEQ_LOG_RATIO_BOUND == 10.0
+    old = col([-26.0, -20.0])
+    logp = col([-1.0, -1.0])
+    loss, grad, _ = loss_and_grad("grpo", logp, old, torch.tensor([-1.0, -1.0], dtype=D), torch.ones(2, 1))
+    assert loss.flatten().tolist() == pytest.approx([math.exp(20), math.exp(19)])
+    assert grad.flatten().tolist() == pytest.approx([0.0, math.exp(19)])
+    loss, grad, _ = loss_and_grad("cispo", logp[:1], old[:1], torch.tensor([1.0], dtype=D), torch.ones(1, 1))
+    assert (loss.item(), grad.item()) == pytest.approx((1.28, -1.28))
+    # gspo: token log-ratios [30, 10] -> sequence mean 20 -> clamped 10: s = e^10 = 22026.4658
+    #       A = -1: loss -min(-s, -1.0004) = s on both tokens, grad 0; A = +1: -min(s, 1.0004) = -1.0004
+    logp2 = torch.tensor([[30.0, 10.0]], dtype=D)
+    for name in ("gspo", "gspo_token"):
+        loss, grad, m = loss_and_grad(name, logp2, torch.zeros_like(logp2), torch.tensor([-1.0], dtype=D),
+                                      torch.ones(1, 2))
+        assert loss[0].tolist() == pytest.approx([math.exp(10)] * 2), name
+        assert m["ratio_max"].item() == pytest.approx(math.exp(10)), name
+        assert grad.abs().sum().item() == 0.0, name
+        loss, _, _ = loss_and_grad(name, logp2, torch.zeros_like(logp2), torch.tensor([1.0], dtype=D),
+                                   torch.ones(1, 2))
+        assert loss[0].tolist() == pytest.approx([-1.0004] * 2), name
 
 
 def test_grpo_rejects_bad_hyperparameters_and_shapes():

@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from grouprl.algo import advantages, aggregate, compat, kl, losses, ops
 from grouprl.algo.advantages import (
+    ZERO_STD_TOL,
     compute_gae,
     compute_grpo_advantages,
     dr_grpo_advantages,
     grpo_advantages,
     rloo_advantages,
+    zero_std_groups,
 )
 from grouprl.algo.aggregate import seq_mean_token_mean, seq_mean_token_sum_norm, token_mean
 from grouprl.algo.compat import compute_grpo_loss, compute_gspo_loss
-from grouprl.algo.kl import add_kl_term, kl_categorical, kl_k1, kl_k2, kl_k3, kl_penalized_rewards
+from grouprl.algo.kl import (
+    KL_LOG_RATIO_BOUND,
+    add_kl_term,
+    kl_categorical,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_k3_st,
+    kl_penalized_rewards,
+)
 from grouprl.algo.losses import (
+    LOG_RATIO_BOUND,
+    SEQ_LOG_RATIO_BOUND,
     Metrics,
     cispo_loss,
     dpo_ipo_loss,
@@ -39,7 +52,11 @@ from grouprl.algo.ops import (
 
 __all__ = [
     "advantages", "aggregate", "compat", "kl", "losses", "ops",
+    "KL_LOG_RATIO_BOUND",
+    "LOG_RATIO_BOUND",
     "Metrics",
+    "SEQ_LOG_RATIO_BOUND",
+    "ZERO_STD_TOL",
     "add_kl_term",
     "cispo_loss",
     "compute_gae",
@@ -58,6 +75,7 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_k3_st",
     "kl_penalized_rewards",
     "masked_mean",
     "masked_sum",
@@ -69,4 +87,5 @@ __all__ = [
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
     "token_mean",
+    "zero_std_groups",
 ]

@@ -3,7 +3,12 @@
 Group estimators share one signature, ``fn(rewards [B, G], **hp) -> adv [B, G]``: row ``b`` holds the
 ``G`` completions sampled for prompt ``b``. A NaN reward means "no opinion" (a reward function returned
 None, e.g. the reference answer could not be parsed): it is left out of the group's statistics and its
-advantage is exactly 0, so that completion contributes no policy gradient.
+advantage is exactly 0, so that completion contributes no policy gradient. A group with fewer than two
+non-NaN rewards has no baseline: every advantage in it is 0.
+
+``ZERO_STD_TOL`` (1e-8) is the one tolerance that decides "this group's rewards are all equal": the
+``grpo`` estimator zeroes such groups and :func:`zero_std_groups` reports them (DAPO's dynamic sampling,
+arXiv 2503.14476, Eq. 11, drops them), so the two always agree.
 """
 
 from __future__ import annotations
@@ -13,12 +18,17 @@ import torch
 from grouprl.registry import ADVANTAGES
 
 __all__ = [
+    "ZERO_STD_TOL",
+    "zero_std_groups",
     "grpo_advantages",
     "dr_grpo_advantages",
     "rloo_advantages",
     "compute_gae",
     "compute_grpo_advantages",
 ]
+
+ZERO_STD_TOL = 1e-8
+"""A group whose reward std is below this is "zero-std": all answers equally good, advantage 0."""
 
 _STD_CHOICES = ("population", "unbiased")
 _SCALE_CHOICES = ("group", "batch", "none")
@@ -51,11 +61,33 @@ def _group_stats(rewards: torch.Tensor, dim: int | None, unbiased: bool):
     return mean, var.sqrt(), n, valid
 
 
+def zero_std_groups(rewards: torch.Tensor, *, eps: float = ZERO_STD_TOL, std: str = "population") -> torch.Tensor:
+    """Which groups carry no learning signal: reward std < ``eps`` over their non-NaN rewards.
+
+    Exactly the rule :func:`grpo_advantages` uses to zero a group (it calls this function), so dynamic
+    sampling (DAPO, arXiv 2503.14476, Eq. 11: keep groups with 0 < #correct < G) can drop the groups
+    GRPO would give zero advantage. NaN rewards ("no opinion") are ignored; a group with fewer than two
+    non-NaN rewards counts as zero-std. Pass the ``eps`` / ``std`` given to ``grpo`` if they differ from
+    the defaults (``ZERO_STD_TOL``, population std).
+
+    Shapes: ``rewards [B, G]`` -> ``[B]`` bool.
+
+    >>> nan = float("nan")
+    >>> zero_std_groups(torch.tensor([[1, 1, 1], [0, 1, 1], [nan, 1, nan], [nan, 0, 1]])).tolist()
+    [True, False, True, False]
+    """
+    if std not in _STD_CHOICES:
+        raise ValueError(f"zero_std_groups: std={std!r}; choose one of {_STD_CHOICES}")
+    rewards = _check_rewards(rewards, "zero_std_groups")
+    _, group_std, n, _ = _group_stats(rewards, dim=1, unbiased=std == "unbiased")
+    return ((group_std < eps) | (n < 2))[:, 0]
+
+
 @ADVANTAGES.register("grpo")
 def grpo_advantages(
     rewards: torch.Tensor,
     *,
-    eps: float = 1e-8,
+    eps: float = ZERO_STD_TOL,
     std: str = "population",
     scale: str = "group",
 ) -> torch.Tensor:
@@ -63,13 +95,14 @@ def grpo_advantages(
 
     Paper: DeepSeekMath, Shao et al. 2024, arXiv 2402.03300, Sec. 4.1.2 (outcome supervision).
 
-    - ``std="population"`` (default, the seeds' formula: divide by G) or ``"unbiased"`` (divide by G-1,
-      as torch.std, TRL and verl do).
+    - ``std="population"`` (default: divide by G, the paper's "std" of the group's rewards) or
+      ``"unbiased"`` (divide by G-1, as torch.std, TRL and verl do).
     - ``scale="group"`` (default) divides by each group's std; ``"batch"`` keeps the group mean but
       divides by the std of all rewards of the batch (Liu et al. 2025, "Part I: Tricks or Traps?",
       arXiv 2508.08221); ``"none"`` only centres (= ``dr_grpo``).
-    - A group (or, for ``scale="batch"``, the batch) whose std is below ``eps`` gets advantage exactly 0:
-      every answer was equally good, there is nothing to learn from it.
+    - A group whose std is below ``eps`` (default ``ZERO_STD_TOL``; the rule of :func:`zero_std_groups`,
+      which this calls) gets advantage exactly 0: every answer was equally good, there is nothing to
+      learn from it. With ``scale="batch"`` so does the whole batch if its std is below ``eps``.
     - NaN rewards are excluded from mean/std and get advantage 0.
 
     Shapes: ``rewards [B, G]`` -> ``adv [B, G]`` (same dtype; ints become float32).
@@ -88,7 +121,8 @@ def grpo_advantages(
         return centred
     sigma = group_std if scale == "group" else _group_stats(rewards, dim=None, unbiased=unbiased)[1]
     adv = centred / (sigma + eps)
-    return torch.where(sigma.expand_as(adv) < eps, torch.zeros_like(adv), adv)
+    flat = zero_std_groups(rewards, eps=eps, std=std).unsqueeze(-1) | (sigma < eps)
+    return torch.where(flat.expand_as(adv), torch.zeros_like(adv), adv)
 
 
 @ADVANTAGES.register("dr_grpo")
@@ -151,8 +185,8 @@ def compute_gae(
     return adv, returns
 
 
-def compute_grpo_advantages(rewards: list[float], eps: float = 1e-8) -> list[float]:
-    """The seeds' convenience API: GRPO advantages of ONE group, as a list.
+def compute_grpo_advantages(rewards: list[float], eps: float = ZERO_STD_TOL) -> list[float]:
+    """GRPO advantages of ONE group, as a list (a convenience API over ``grpo_advantages``).
 
     ``(r_i - mean) / (std + eps)`` with the population std (divide by G); a group whose std is below
     ``eps`` gets all zeros. ``None`` or NaN entries get 0 and are left out of the statistics.

@@ -9,6 +9,10 @@ tokens), ``num_seqs`` (sequences) and ``max_len`` (the max_new_tokens budget). E
 a sum of per-micro-batch terms with a fixed denominator, so summing the micro-batch losses (gradient
 accumulation) gives exactly the gradient of the full batch, however it is split. ``None`` means "this
 batch's own count", which is right when the batch is the whole step.
+
+``num_seqs`` counts sequences with at least one real (unmasked) token: a fully masked row (e.g. a
+truncated completion under ``mask_truncated_completions``) contributes nothing and must not dilute the
+mean. The default count does this itself; a caller passing ``num_seqs`` must count the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +23,11 @@ from grouprl.algo.ops import masked_sum
 from grouprl.registry import AGGREGATIONS
 
 __all__ = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+
+
+def _non_empty_rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Number of rows of ``mask`` with at least one real token, as a 0-dim tensor like ``like``."""
+    return (mask.to(like.dtype).sum(dim=-1) > 0).to(like.dtype).sum()
 
 
 def _count(value: float | int | torch.Tensor | None, default: torch.Tensor, like: torch.Tensor):
@@ -59,14 +68,14 @@ def seq_mean_token_mean(
 
     Paper: GRPO, arXiv 2402.03300, Eq. (3); GSPO, arXiv 2507.18071, Eq. (5) (with the broadcast
     sequence loss this is exactly GSPO's (1/G) sum_i). |y_i| is each sequence's own real-token count
-    (a sequence is never split across micro-batches); sequences without real tokens add 0.
-    ``num_seqs`` = sequences of the whole step (default: N of this batch); other keywords ignored.
+    (a sequence is never split across micro-batches); sequences without real tokens add 0 and are not
+    counted. ``num_seqs`` = sequences with >= 1 real token in the whole step (default: those of this
+    batch); other keywords ignored.
     Shapes: ``[N, T], [N, T] -> []``.
     """
     seq_len = mask.to(per_token.dtype).sum(dim=-1).clamp(min=1)
     seq_means = masked_sum(per_token, mask, dim=-1) / seq_len
-    default = torch.tensor(per_token.shape[0], dtype=per_token.dtype, device=per_token.device)
-    return seq_means.sum() / _count(num_seqs, default, per_token)
+    return seq_means.sum() / _count(num_seqs, _non_empty_rows(mask, per_token), per_token)
 
 
 @AGGREGATIONS.register("seq_mean_token_sum_norm")
@@ -83,10 +92,11 @@ def seq_mean_token_sum_norm(
     Paper: Liu et al. 2025, arXiv 2503.20783, Sec. 3.2: replacing 1/|o_i| by a constant removes
     the length bias of the per-sequence mean. ``max_len`` should be the generation budget
     (max_new_tokens; default: T of this batch, which changes with padding -- pass it when
-    micro-batching); ``num_seqs`` as in ``seq_mean_token_mean``. Same normaliser as TRL's ``dr_grpo``.
+    micro-batching); ``num_seqs`` as in ``seq_mean_token_mean`` (default: the rows of this batch with
+    >= 1 real token). Same normaliser as TRL's ``dr_grpo``.
     Shapes: ``[N, T], [N, T] -> []``.
     """
-    seq_default = torch.tensor(per_token.shape[0], dtype=per_token.dtype, device=per_token.device)
+    seq_default = _non_empty_rows(mask, per_token)
     len_default = torch.tensor(per_token.shape[-1], dtype=per_token.dtype, device=per_token.device)
     denom = _count(num_seqs, seq_default, per_token) * _count(max_len, len_default, per_token)
     return masked_sum(per_token, mask) / denom

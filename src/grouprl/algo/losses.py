@@ -13,6 +13,24 @@ tensors computed over the real tokens of the given batch:
 - ``clip_frac_low``: fraction of tokens with ratio < 1 - eps_low and A < 0 (clipped from below);
 - ``clip_frac_high``: ratio > 1 + eps_high and A > 0; ``clip_frac``: either (no gradient there);
 - ``approx_kl``: k3 estimate of KL(pi_old || pi_theta) = mean(ratio - 1 - log ratio) on the tokens.
+
+A loss may return any subset of these (or other) names; the trainer logs whatever it gets.
+
+Numerical bounds (applied inside every loss, before ``exp``):
+
+- ``LOG_RATIO_BOUND = 20``: the token log-ratio ``logp - old_logp`` is clamped to [-20, 20] before
+  ``exp`` (verl's ``compute_policy_loss_*`` in ``verl/trainer/ppo/core_algos.py`` clamps at the same
+  +-20). e^20 = 4.85e8 is finite in fp32 and bf16, so the ratio, the loss and ``0 * ratio`` in a
+  backward pass stay finite; unclamped, a log-ratio of 89 already overflows fp32 and turns a branch that
+  ``min``/``where`` did not select into ``0 * inf = NaN`` in the gradient (e.g. ``grpo`` with
+  ``dual_clip``). A token beyond the bound gets the boundary value and no gradient through the ratio --
+  for A > 0 (ratio > 1 + eps_high) and A < 0 (ratio < 1 - eps_low) PPO-clip gives it none anyway.
+  fp16 log-probs are not supported here (e^20 > 65504); grouprl computes log-probs in fp32.
+- ``SEQ_LOG_RATIO_BOUND = 10``: GSPO's sequence log-ratio (1/|y_i|) sum_t (logp - old_logp) is clamped
+  to [-10, 10] before ``exp`` (verl's ``compute_policy_loss_gspo`` clamps it at ``max=10.0``; we clamp
+  both sides so the ratio metrics are bounded both ways -- below e^-10 the gradient s_i |A_i| / |y_i|
+  is < 4.6e-5 |A_i| anyway). With clip ranges of 3e-4 / 4e-4 such a sequence is far outside the trust
+  region: it is clipped (no gradient) or, for A_i < 0 and s_i > 1, pushed down with weight <= e^10.
 """
 
 from __future__ import annotations
@@ -23,6 +41,8 @@ from grouprl.algo.ops import masked_mean
 from grouprl.registry import POLICY_LOSSES
 
 __all__ = [
+    "LOG_RATIO_BOUND",
+    "SEQ_LOG_RATIO_BOUND",
     "grpo_loss",
     "gspo_loss",
     "gspo_token_loss",
@@ -34,6 +54,11 @@ __all__ = [
 ]
 
 Metrics = dict[str, torch.Tensor]
+
+LOG_RATIO_BOUND = 20.0
+"""Token log-ratio ``logp - old_logp`` is clamped to [-LOG_RATIO_BOUND, LOG_RATIO_BOUND] before exp."""
+SEQ_LOG_RATIO_BOUND = 10.0
+"""GSPO's sequence log-ratio is clamped to [-SEQ_LOG_RATIO_BOUND, SEQ_LOG_RATIO_BOUND] before exp."""
 
 
 def _check(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, who: str):
@@ -51,6 +76,11 @@ def _check(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: 
     logp = torch.where(m > 0, logp, zero)
     old_logp = torch.where(m > 0, old_logp.to(logp.dtype), zero)
     return logp, old_logp, adv.to(logp.dtype).unsqueeze(-1), m
+
+
+def _token_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
+    """exp(clamp(logp - old_logp, +-LOG_RATIO_BOUND)): finite for any finite inputs (see module doc)."""
+    return torch.exp(torch.clamp(logp - old_logp, -LOG_RATIO_BOUND, LOG_RATIO_BOUND))
 
 
 def _masked_extreme(x: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch.Tensor:
@@ -113,6 +143,8 @@ def grpo_loss(
     - ``delta > 1 + eps_high``: the unclipped ratio is capped at delta, so for A < 0 the loss is at most
       delta |A| (INTELLECT-2 two-sided clipping, arXiv 2505.07291).
 
+    rho is exp of the log-ratio clamped to +-``LOG_RATIO_BOUND`` = 20 (module docstring).
+
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
     Example: rho = 1.5, A = 1, eps = 0.2 -> objective min(1.5, 1.2) = 1.2, loss -1.2, zero gradient.
     """
@@ -121,7 +153,7 @@ def grpo_loss(
         raise ValueError(f"grpo loss: dual_clip={dual_clip} must be > 1 (3.0 is usual) or None")
     if delta is not None and delta <= 1.0 + eps_high:
         raise ValueError(f"grpo loss: delta={delta} must be > 1 + eps_high = {1.0 + eps_high} or None")
-    ratio = torch.exp(logp - old_logp)
+    ratio = _token_ratio(logp, old_logp)
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     unclipped = ratio if delta is None else torch.clamp(ratio, max=delta)
     loss = -torch.minimum(unclipped * a, clipped * a)
@@ -132,8 +164,10 @@ def grpo_loss(
 
 
 def _sequence_log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """(1/|y_i|) sum_t (logp - old_logp) over real tokens -> [N, 1]; 0 for empty sequences."""
-    return masked_mean(logp - old_logp, m, dim=-1).unsqueeze(-1)
+    """(1/|y_i|) sum_t (logp - old_logp) over real tokens, clamped to +-SEQ_LOG_RATIO_BOUND -> [N, 1];
+    0 for empty sequences."""
+    seq = masked_mean(logp - old_logp, m, dim=-1).unsqueeze(-1)
+    return torch.clamp(seq, -SEQ_LOG_RATIO_BOUND, SEQ_LOG_RATIO_BOUND)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -156,7 +190,8 @@ def gspo_loss(
     s_i carries gradient through the mean log-ratio (not detached), so every token of sequence i gets
     the same per-token loss -min(s_i A_i, clip(s_i) A_i). Aggregated with ``seq_mean_token_mean`` this is
     exactly -J in value and gradient; ``token_mean`` would weight sequences by their length instead.
-    Defaults 3e-4 / 4e-4 are the paper's (Sec. 5.1).
+    Defaults 3e-4 / 4e-4 are the paper's (Sec. 5.1). The sequence log-ratio is clamped to
+    +-``SEQ_LOG_RATIO_BOUND`` = 10 before exp (module docstring).
 
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``;
     metrics use s_i broadcast to the tokens.
@@ -187,12 +222,16 @@ def gspo_token_loss(
 
     s_{i,t} equals s_i in value; its gradient is s_i * grad log pi_theta(y_{i,t}). With one advantage per
     sequence and ``seq_mean_token_mean`` aggregation it has the same value and gradient as ``gspo``.
+    log s_{i,t} is clamped to +-``SEQ_LOG_RATIO_BOUND`` = 10 as ``gspo``'s log s_i is (no gradient beyond).
 
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "gspo_token loss")
-    seq_ratio = torch.exp(_sequence_log_ratio(logp, old_logp, m)).detach()
-    token_ratio = seq_ratio * torch.exp(logp - logp.detach())
+    # log s_{i,t} = sg[log s_i] + logp - sg[logp], clamped as a whole: beyond the bound the token gets no
+    # gradient, exactly like ``gspo`` (whose clamp sits on log s_i itself).
+    seq_log_ratio = masked_mean(logp - old_logp, m, dim=-1).unsqueeze(-1).detach()
+    token_log_ratio = seq_log_ratio + (logp - logp.detach())
+    token_ratio = torch.exp(torch.clamp(token_log_ratio, -SEQ_LOG_RATIO_BOUND, SEQ_LOG_RATIO_BOUND))
     loss = _clipped_surrogate_loss(token_ratio, a, eps_low, eps_high)
     loss = torch.where(m > 0, loss, torch.zeros_like(loss))
     return loss, _ratio_metrics(token_ratio, a, m, eps_low, eps_high)
@@ -218,12 +257,13 @@ def cispo_loss(
     tokens). The paper sets no lower bound (``eps_low = 1.0`` -> bound 0) and tunes the upper one;
     0.28 is our default (DAPO's eps_high), not a value from the paper. The loss VALUE is not a
     surrogate objective (it scales with log pi); only its gradient is meaningful.
-    Here ``clip_frac*`` count tokens whose weight was clipped (any advantage sign).
+    Here ``clip_frac*`` count tokens whose weight was clipped (any advantage sign). rho uses the
+    log-ratio clamped to +-``LOG_RATIO_BOUND`` = 20 (module docstring).
 
     Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "cispo loss")
-    ratio = torch.exp(logp - old_logp)
+    ratio = _token_ratio(logp, old_logp)
     weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high).detach()
     loss = -weight * a * logp
     loss = torch.where(m > 0, loss, torch.zeros_like(loss))
