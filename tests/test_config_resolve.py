@@ -125,4 +125,4 @@ def test_resolved_config_round_trips_through_yaml(preset, advantage, tmp_path):
     cfg.to_yaml(tmp_path / "c.yaml")
     back = GRPOConfig.from_yaml(tmp_path / "c.yaml")  # every field now set explicitly: still consistent
     assert back == cfg and back.resolved() == cfg.resolved()
-    assert (cfg.resolved()["kl_estimator"], cfg.resolved()["kl_coef"]) == ("k3", 0.0)
+    assert (cfg.resolved()["kl_estimator"], cfg.resolved()["kl_coef"]) == ("k3_st", 0.0)

@@ -111,10 +111,14 @@ class GRPOConfig:
     group/none."""
     kl_coef: float | None = None
     """beta: weight of the KL(pi_theta || pi_ref) penalty; 0 = no reference model at all. Alias: ``beta``."""
-    kl_estimator: str = "k3"
-    """KL_ESTIMATORS name for the per-token KL penalty (Schulman 2020, "Approximating KL Divergence"): k1,
-    k2 or k3 (GRPO's, arXiv:2402.03300, Eq. 4). k1 as a loss term has zero expected gradient, so with
-    kl_coef > 0 it warns."""
+    kl_estimator: str = "k3_st"
+    """KL_ESTIMATORS name for the per-token KL penalty (Schulman 2020, "Approximating KL Divergence").
+    ``k3_st`` (default): k3's value with k2's gradient (straight-through), i.e. the gradient of
+    KL(pi_theta || pi_ref) that the objective of arXiv:2402.03300 Eq. 3 penalises, with a bounded per-token
+    weight. ``k3``: GRPO's estimator (Eq. 4); as a loss its expected gradient is that of KL(pi_ref ||
+    pi_theta) -- keep it to reproduce DeepSeekMath exactly. ``k2``: the right gradient, a biased value.
+    ``k1`` as a loss term has zero expected gradient, so with kl_coef > 0 it warns. docs/ALGORITHMS.md
+    derives each."""
     num_iterations: int = 1
     """mu: optimisation passes over each generation batch (> 1 needs old log-probs)."""
     steps_per_generation: int | None = None
