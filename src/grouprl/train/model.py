@@ -172,3 +172,29 @@ def apply_torch_threads(cfg: Any) -> int | None:
         return None
     torch.set_num_threads(cfg.torch_num_threads)
     return cfg.torch_num_threads
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Recompute activations in backward; non-reentrant, so frozen inputs (LoRA) need no extra hooks."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def save_final(model: Any, tokenizer: Any, path: Any):
+    """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
+    without peft) with the adapter itself in ``<path>/adapter``."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if is_peft(model):
+        model.save_pretrained(path / "adapter")
+        copy.deepcopy(model).merge_and_unload().save_pretrained(path)
+    else:
+        model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

@@ -134,3 +134,42 @@ def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: A
                                        mb.completion_mask, temperature)
         out.append(logp.float())
     return out
+
+
+# ---- one optimizer step -----------------------------------------------------------------------------
+def step_totals(mbs: list[MicroBatch], max_new_tokens: int) -> dict[str, int]:
+    """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation."""
+    return {"num_tokens": int(sum(int(mb.loss_mask.sum()) for mb in mbs)),
+            "num_seqs": sum(mb.prompt_ids.shape[0] for mb in mbs), "max_len": max_new_tokens}
+
+
+def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: Any, scheduler: Any,
+                   timers: Any) -> dict[str, float]:
+    """Accumulate the micro-batch gradients (normalised by the whole step's totals), clip, step.
+
+    ``ctx`` carries ``cfg``, ``model`` and ``autocast`` (a ``grouprl.train.round.RunContext``).
+    """
+    cfg = ctx.cfg
+    mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
+    totals = step_totals(mbs, cfg.max_new_tokens)
+    acc: dict[str, torch.Tensor] = {}
+    with timers("policy_fwd_bwd"):
+        for mb in mbs:
+            with ctx.autocast():
+                loss, sums = micro_batch_loss(ctx.model, mb, spec, totals)
+            loss.backward()
+            combine(acc, sums)
+    with timers("optimizer"):
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = scheduler.get_last_lr()[0]
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    out = {k: float(v) for k, v in acc.items()}
+    out.setdefault("kl", float("nan"))  # no reference model when kl_coef = 0
+    seq_tokens = sum(int(mb.prompt_mask.sum() + mb.completion_mask.sum()) for mb in mbs)
+    out.update({"grad_norm": float(grad_norm), "lr": lr, "num_tokens": float(totals["num_tokens"]),
+                "seq_tokens": float(seq_tokens)})
+    return out

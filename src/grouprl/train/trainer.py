@@ -100,7 +100,8 @@ class GRPOTrainer:
         A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
         earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
         which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``)."""
-        from grouprl.train.loop import save_final, train
+        from grouprl.train.loop import train
+        from grouprl.train.model import save_final
         from grouprl.train.output_dir import prepare_output_dir
 
         cfg = self.config
@@ -119,7 +120,7 @@ class GRPOTrainer:
 
     def save_model(self, path: str | Path) -> Path:
         """``save_pretrained`` the model (an adapter for LoRA runs) and the tokenizer into ``path``."""
-        from grouprl.train.loop import save_final
+        from grouprl.train.model import save_final
 
         return save_final(self.model, self.tokenizer, path)
 
