@@ -33,14 +33,21 @@ from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
 from grouprl.train.evaluate import evaluate
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
-from grouprl.train.model import Reference, autocast_factory, build_optimizer, enable_checkpointing, save_final
+from grouprl.train.model import (
+    Reference,
+    autocast_factory,
+    build_optimizer,
+    enable_checkpointing,
+    save_final,
+    upcast_trainable,
+)
 from grouprl.train.round import (  # Round: checkpoints pickled it as loop.Round
     Round,
     RunContext,
     generate_round,
 )
 from grouprl.train.score import RewardScorer
-from grouprl.train.step import LossSpec, optimizer_step
+from grouprl.train.step import LossSpec, SkipGuard, optimizer_step
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
 
@@ -50,6 +57,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict."""
     load_builtins()
     device = next(model.parameters()).device
+    upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
     reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
     spec = LossSpec(POLICY_LOSSES.get(cfg.policy_loss), cfg.loss_hparams(), AGGREGATIONS.get(cfg.loss_aggregation),
@@ -63,13 +71,15 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         enable_checkpointing(model)
     model.train()
 
-    step, rnd, round_step, history, evals = 0, None, 0, [], {}
+    step, rnd, round_step, history, evals, skipped = 0, None, 0, [], {}, 0
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
     if resume_path is not None:
         saved = ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
         step, rnd, round_step = saved["step"], saved.get("round"), saved.get("round_step", 0)
         history, evals = saved.get("history", []), saved.get("evals", {})
         stream.load_state(saved["data"])
+        skipped = saved.get("skipped_steps", 0)
+    guard = SkipGuard(cfg.max_consecutive_skips, skipped)
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
                            progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
                            resume_step=step)
@@ -90,13 +100,15 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
             backend.sync_weights(model)  # engines with their own weight copy (vLLM) need the update
             step, round_step = step + 1, round_step + 1
+            guard.check(update, step)  # a non-finite step was skipped: count it; too many in a row: stop
             metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
             report_step(cfg, logger, step, total_steps, metrics, rnd.samples, history)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
             if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps):
                 state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
-                         "round_step": round_step, "history": history, "evals": evals}
+                         "round_step": round_step, "history": history, "evals": evals,
+                         "skipped_steps": guard.total}
                 ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
                                      total_limit=cfg.save_total_limit)
             timers.restart()  # evaluation and checkpoint writing are not part of the next step's time

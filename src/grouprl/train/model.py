@@ -112,6 +112,26 @@ def load_model(model: Any, device: torch.device):
     return model.to(device)
 
 
+def upcast_trainable(model: Any) -> torch.dtype | None:
+    """Cast trainable half-precision parameters to fp32 (fp32 master weights); returns the old dtype or None.
+
+    AdamW on bf16 weights rounds every update below ~0.4% of the weight away (bf16 has 8 mantissa bits), so
+    a model passed in as an object in bf16 / fp16 would silently not learn at typical learning rates. The
+    compute dtype is then chosen by ``bf16`` (autocast), as for a model loaded by name. Frozen parameters
+    (a LoRA base) keep their dtype.
+    """
+    half = [p for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)]
+    if not half:
+        return None
+    dtype = half[0].dtype
+    for p in half:
+        p.data = p.data.float()
+    log.warning("grouprl: %d trainable parameter tensors were %s; upcast to float32 (fp32 master weights, "
+                "compute in bf16 under autocast when bf16=true on a GPU). Load with dtype=torch.float32 to "
+                "skip this.", len(half), str(dtype).replace("torch.", ""))
+    return dtype
+
+
 def is_peft(model: Any) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
