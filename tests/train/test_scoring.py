@@ -25,9 +25,18 @@ def test_weighted_sum_components_and_none():
     scorer = RewardScorer([r_len, r_none_on_b], weights=[0.5, 2.0])
     totals, comps = scorer.score(PROMPTS, COMPLETIONS, {})
     assert scorer.names == ["r_len", "r_none_on_b"]
-    # sample 0: 0.5*1 + 2*1 = 2.5; sample 1: 0.5*2 + (None: left out) = 1.0; sample 2: 0.5*3 + 2 = 3.5
-    assert totals == [2.5, 1.0, 3.5]
+    # sample 0: 0.5*1 + 2*1 = 2.5; sample 1: 0.5*2 + None -> unknown (missing_reward='exclude'); 0.5*3 + 2 = 3.5
+    assert totals[0] == 2.5 and math.isnan(totals[1]) and totals[2] == 3.5
     assert comps[1][0] == 2.0 and math.isnan(comps[1][1])
+
+
+def test_missing_reward_zero_counts_none_as_zero():
+    scorer = RewardScorer([r_len, r_none_on_b], weights=[0.5, 2.0], missing="zero")
+    totals, comps = scorer.score(PROMPTS, COMPLETIONS, {})
+    assert totals == [2.5, 1.0, 3.5]  # sample 1: 0.5*2 + 2*0
+    assert math.isnan(comps[1][1])  # the component column still says "no opinion"
+    all_none = RewardScorer([lambda completions, **kw: [None] * len(completions)], missing="zero")
+    assert all_none.score(PROMPTS, COMPLETIONS, {})[0] == [0.0, 0.0, 0.0]
 
 
 def test_all_none_gives_nan_total():

@@ -62,7 +62,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
     spec = LossSpec(POLICY_LOSSES.get(cfg.policy_loss), cfg.loss_hparams(), AGGREGATIONS.get(cfg.loss_aggregation),
                     KL_ESTIMATORS.get(cfg.kl_estimator), cfg.kl_coef, cfg.temperature)
-    scorer = RewardScorer(reward_funcs, cfg.reward_weights)
+    scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer)
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))

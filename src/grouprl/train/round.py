@@ -101,12 +101,19 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     return Scored(rollout, rewards, components, prompts, columns)
 
 
-def zero_std_groups(rewards: torch.Tensor) -> torch.Tensor:
-    """[B] bool: groups whose non-NaN rewards all agree (or fewer than two) -- no learning signal."""
+def zero_std_groups(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """[B] bool: groups with fewer than two known rewards, or whose known rewards have a population std
+    below ``eps`` -- the tolerance under which ``grpo`` advantages are exactly 0 (no learning signal).
+
+    NaN rewards (unknown) are left out. (To be replaced by ``grouprl.algo.advantages.zero_std_groups``.)
+    """
     valid = ~torch.isnan(rewards)
-    filled_hi = torch.where(valid, rewards, torch.full_like(rewards, -math.inf)).max(dim=1).values
-    filled_lo = torch.where(valid, rewards, torch.full_like(rewards, math.inf)).min(dim=1).values
-    return (valid.sum(dim=1) < 2) | (filled_hi == filled_lo)
+    n = valid.sum(dim=1)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1).unsqueeze(1)
+    sq = torch.where(valid, r - mean, torch.zeros_like(r)) ** 2
+    std = (sq.sum(dim=1) / n.clamp(min=1)).sqrt()
+    return (n < 2) | (std < eps)
 
 
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
@@ -170,6 +177,9 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     loss_mask = r.completion_mask
     if cfg.mask_truncated_completions:  # DAPO overlong filtering: truncated answers carry no signal
         loss_mask = loss_mask * (~r.truncated).unsqueeze(1).long()
+    if batch.rewards is not None:  # unknown reward (missing_reward='exclude'): no loss, no KL, not counted
+        known = ~torch.isnan(batch.rewards.reshape(-1)).to(device)
+        loss_mask = loss_mask * known.unsqueeze(1).long()
     adv = batch.adv.to(device)
     chunks = [c.tolist() for c in np.array_split(np.arange(len(r)), cfg.effective_steps_per_generation)]
     mbs = []

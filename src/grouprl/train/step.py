@@ -153,9 +153,13 @@ def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> 
 
 # ---- one optimizer step -----------------------------------------------------------------------------
 def step_totals(mbs: list[MicroBatch], max_new_tokens: int) -> dict[str, int]:
-    """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation."""
+    """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation.
+
+    ``num_seqs`` counts the sequences with at least one loss token: a row emptied by
+    ``mask_truncated_completions`` or an unknown reward takes no part in the step's mean.
+    """
     return {"num_tokens": int(sum(int(mb.loss_mask.sum()) for mb in mbs)),
-            "num_seqs": sum(mb.prompt_ids.shape[0] for mb in mbs), "max_len": max_new_tokens}
+            "num_seqs": int(sum(int((mb.loss_mask.sum(dim=1) > 0).sum()) for mb in mbs)), "max_len": max_new_tokens}
 
 
 class NonFiniteError(GroupRLError, FloatingPointError):
