@@ -10,7 +10,6 @@ Shapes: B prompts, G completions each, N = B*G rows, T completion tokens.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
