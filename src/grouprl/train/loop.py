@@ -31,7 +31,7 @@ from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
-from grouprl.train.evaluate import evaluate
+from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
 from grouprl.train.model import (
     Reference,
@@ -63,7 +63,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     spec = LossSpec(POLICY_LOSSES.get(cfg.policy_loss), cfg.loss_hparams(), AGGREGATIONS.get(cfg.loss_aggregation),
                     KL_ESTIMATORS.get(cfg.kl_estimator), cfg.kl_coef, cfg.temperature)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
-    backend = make_backend(cfg.rollout_backend, model, tokenizer)
+    backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
@@ -157,16 +157,11 @@ def should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: i
 
 def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: MetricsLogger, evals: dict,
               tag: str, step: int) -> None:
-    cfg = ctx.cfg
+    """Held-out evaluation (``evaluate_model``: the same function as ``grouprl eval``), logged as eval/*."""
     if eval_rows is None or len(eval_rows) == 0 or eval_reward_fn is None:
         return
     rows = [eval_rows[i] for i in range(len(eval_rows))]
-    with ctx.autocast():
-        result = evaluate(ctx.backend, ctx.tokenizer, rows, eval_reward_fn, prompt_column=cfg.prompt_column,
-                          system_prompt=cfg.system_prompt,
-                          max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                          max_prompt_length=cfg.max_prompt_length, temperature=cfg.eval_temperature,
-                          num_samples=cfg.eval_num_samples, batch_size=cfg.eval_batch_size)
+    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend)
     samples = result.pop("samples")
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})

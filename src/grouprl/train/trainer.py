@@ -125,21 +125,14 @@ class GRPOTrainer:
         return save_final(self.model, self.tokenizer, path)
 
     def evaluate(self, **overrides: Any) -> dict[str, Any]:
-        """Held-out accuracy of the current model (greedy unless ``temperature`` > 0)."""
-        from grouprl.rollout import make_backend
-        from grouprl.train.evaluate import evaluate
+        """Held-out accuracy of the current model, as the in-training evaluation computes it (the recipe's
+        eval settings; ``temperature``, ``num_samples``, ``ks`` override them)."""
+        from grouprl.train.evaluate import evaluate_model
 
-        cfg = self.config
         if self.eval_dataset is None:
             raise ConfigError("no eval split: set eval_split and dataset, or pass eval_dataset=.")
-        params = dict(prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt,
-                      max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                      max_prompt_length=cfg.max_prompt_length, temperature=cfg.eval_temperature,
-                      num_samples=cfg.eval_num_samples, batch_size=cfg.eval_batch_size)
-        params.update(overrides)
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
-        backend = make_backend(cfg.rollout_backend, self.model, self.tokenizer)
-        return evaluate(backend, self.tokenizer, rows, self.eval_reward_func, **params)
+        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, **overrides)
 
 
 def _tokenizer_for(source: Any, processing_class: Any):
