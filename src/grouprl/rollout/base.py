@@ -43,6 +43,11 @@ class Rollout:
     def __len__(self) -> int:
         return len(self.completions)
 
+    def token_lists(self) -> list[list[int]]:
+        """The sampled token ids of each completion, EOS included, padding excluded (TRL's ``completion_ids``)."""
+        lengths = self.completion_mask.sum(dim=1).tolist()
+        return [row[:int(n)].tolist() for row, n in zip(self.completion_ids.cpu(), lengths)]
+
     def select(self, index: list[int]) -> Rollout:
         """Rows ``index`` of every field (used to drop groups)."""
         import torch

@@ -52,7 +52,8 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         columns = reward_columns(expanded, prompt_column)
         prompts = [r[prompt_column] for r in expanded]
         completions = completions_for_rewards(out.completions, prompts)
-        totals, _ = scorer.score(prompts, completions, columns)
+        ids = out.token_lists() if hasattr(out, "token_lists") else None
+        totals, _ = scorer.score(prompts, completions, columns, completion_ids=ids)
         lengths.extend(out.completion_mask.sum(dim=1).tolist())
         for i in range(len(chunk)):
             group = totals[i * num_samples:(i + 1) * num_samples]

@@ -95,7 +95,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
         columns = reward_columns(expanded, cfg.prompt_column)
         completions = completions_for_rewards(rollout.completions, prompts)
         state = SimpleNamespace(global_step=ctx.step, max_steps=ctx.total_steps)
-        totals, components = ctx.scorer.score(prompts, completions, columns, trainer_state=state)
+        totals, components = ctx.scorer.score(prompts, completions, columns, trainer_state=state,
+                                               completion_ids=rollout.token_lists())
     rewards = torch.tensor(totals, dtype=torch.float32).view(len(rows), G)
     return Scored(rollout, rewards, components, prompts, columns)
 

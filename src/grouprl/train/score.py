@@ -58,11 +58,15 @@ class RewardScorer:
         self.weights = [float(w) for w in (weights if weights is not None else [1.0] * len(self.funcs))]
 
     def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list],
-              trainer_state: Any = None):
-        """``trainer_state`` (TRL's: ``global_step``, ``max_steps``) lets scheduled rewards see progress."""
+              trainer_state: Any = None, completion_ids: list[list[int]] | None = None):
+        """Call every function with TRL's keywords: ``prompts``, ``completions``, ``completion_ids`` (the
+        sampled token ids of each completion, EOS included, padding excluded), ``trainer_state`` (TRL's:
+        ``global_step``, ``max_steps``; lets scheduled rewards see progress) and the dataset columns."""
         n = len(completions)
         components = [[math.nan] * len(self.funcs) for _ in range(n)]
-        extra = {"trainer_state": trainer_state} if trainer_state is not None else {}
+        extra: dict[str, Any] = {"trainer_state": trainer_state} if trainer_state is not None else {}
+        if completion_ids is not None:
+            extra["completion_ids"] = completion_ids
         for j, (fn, name) in enumerate(zip(self.funcs, self.names)):
             values = self._call(fn, name, prompts, completions, {**columns, **extra})
             for i, value in enumerate(values):
