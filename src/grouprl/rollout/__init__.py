@@ -4,7 +4,7 @@
 and ``sync_weights(model)`` (see ``grouprl.rollout.base.Backend``). ``transformers`` (``generate`` with a KV
 cache, using the training weights) is built in. Another engine (vLLM, SGLang) plugs in as
 ``rollout_backend: "package.module:Class"``; it is imported only when named, and the loop calls its
-``sync_weights`` after every optimizer step.
+``sync_weights`` once per generation round, before generating (and before each evaluation).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The backend interface: what a generation backend receives and returns.
 
 A backend implements ``generate(prompts: list[str], n: int, params: SamplingParams) -> Rollout`` and,
-when it holds its own copy of the weights (vLLM), ``sync_weights(model)`` after each optimizer step.
+when it holds its own copy of the weights (vLLM), ``sync_weights(model)``: the trainer calls it once per
+generation round, before generating (and before each evaluation), so the engine samples the current policy.
 Completions of prompt ``i`` are rows ``i*n .. i*n+n-1`` (grouped), so rewards reshape to ``[B, G]``.
 """
 

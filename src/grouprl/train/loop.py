@@ -13,8 +13,9 @@
 
 Round assembly and dynamic sampling live in ``train.round``, the optimizer step in ``train.step``, metrics
 in ``train.metrics``. The loop never branches on an algorithm name: the config names registered functions.
-Simplifications: one process (no data/tensor parallelism); the transformers backend generates with the
-training weights themselves, so nothing has to be synchronised after a step.
+Simplifications: one process (no data/tensor parallelism). The transformers backend generates with the
+training weights themselves; an engine with its own copy (vLLM) gets ``sync_weights`` once per generation
+round, before it generates (and before each evaluation), not after every optimizer step.
 """
 
 from __future__ import annotations
@@ -94,11 +95,11 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         steps_per_pass, ga = steps_per_round // cfg.num_iterations, cfg.gradient_accumulation_steps
         while step < total_steps:
             if rnd is None or round_step >= steps_per_round:  # a new generation round
+                backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
                 ctx.step = step
                 rnd, round_step = generate_round(ctx, stream, timers), 0
             k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round
             update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
-            backend.sync_weights(model)  # engines with their own weight copy (vLLM) need the update
             step, round_step = step + 1, round_step + 1
             guard.check(update, step)  # a non-finite step was skipped: count it; too many in a row: stop
             metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
@@ -161,6 +162,7 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
     if eval_rows is None or len(eval_rows) == 0 or eval_reward_fn is None:
         return
     rows = [eval_rows[i] for i in range(len(eval_rows))]
+    ctx.backend.sync_weights(ctx.model)  # an engine with its own weight copy evaluates the current policy
     result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend)
     samples = result.pop("samples")
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
