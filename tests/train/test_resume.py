@@ -188,7 +188,9 @@ def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir,
                 "num_iterations=2", "kl_coef=0.05", "learning_rate=1e-2", "reward_funcs=[train_helpers:alpha_fraction]",
                 "log_completions_steps=1", *extra]
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+    # the helpers' folder first, then the caller's PYTHONPATH (so the tree under test is the one that runs)
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
     proc = subprocess.Popen(cmd(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
