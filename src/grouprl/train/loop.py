@@ -42,7 +42,7 @@ from grouprl.train.model import (
     save_final,
     upcast_trainable,
 )
-from grouprl.train.round import (  # Round: checkpoints pickled it as loop.Round
+from grouprl.train.round import (  # Round: older checkpoints pickled loop.Round
     Round,
     RunContext,
     generate_round,
@@ -72,15 +72,13 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         enable_checkpointing(model)
     model.train()
 
-    step, rnd, round_step, history, evals, skipped = 0, None, 0, [], {}, 0
+    saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
-    if resume_path is not None:
-        saved = ckpt.load_checkpoint(resume_path, model, optimizer, scheduler)
-        step, rnd, round_step = saved["step"], saved.get("round"), saved.get("round_step", 0)
-        history, evals = saved.get("history", []), saved.get("evals", {})
+    if resume_path is not None:  # weights, optimizer, schedule, RNG, data position, unfinished round
+        saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
         stream.load_state(saved["data"])
-        skipped = saved.get("skipped_steps", 0)
-    guard = SkipGuard(cfg.max_consecutive_skips, skipped)
+    step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
+    guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
                            progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
                            resume_step=step)

@@ -10,7 +10,6 @@ Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T complet
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,20 +203,20 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
     mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
     totals = step_totals(mbs, cfg.max_new_tokens)
     acc: dict[str, torch.Tensor] = {}
-    finite_loss = True
+    finite_loss: Any = True  # a device tensor after the first micro-batch: no host sync inside the loop
     with timers("policy_fwd_bwd"):
         for mb in mbs:
             with ctx.autocast():
                 loss, sums = micro_batch_loss(ctx.model, mb, spec, totals)
-            finite_loss = finite_loss and bool(torch.isfinite(loss.detach()))
-            if finite_loss:
-                loss.backward()
+            loss.backward()
+            finite_loss = torch.isfinite(loss.detach()) & finite_loss
             combine(acc, sums)
     with timers("optimizer"):
         params = [p for p in ctx.model.parameters() if p.requires_grad]
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm) if finite_loss else torch.tensor(math.nan)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         lr = scheduler.get_last_lr()[0]
+        finite_loss = bool(finite_loss)  # one host sync per step
         skipped = not (finite_loss and bool(torch.isfinite(grad_norm)))
         if not skipped:
             optimizer.step()
