@@ -13,7 +13,11 @@ What the logged numbers mean (one record per optimizer step):
 - ``kl``: token-mean KL(pi_theta || pi_ref) estimate (null when kl_coef = 0: there is no reference);
   ``entropy``: token-mean entropy of the sampling distribution; ``policy/*``: ratio min/mean/max, clip
   fractions (low, high, region) and approx_kl to the rollout policy.
-- ``grad_norm`` (before clipping), ``lr``, ``num_tokens`` (loss tokens), ``tokens_per_s``.
+- ``grad_norm`` (before clipping; null on a skipped step), ``lr``, ``num_tokens`` (loss tokens),
+  ``tokens_per_s``; ``skipped_steps``: optimizer steps skipped so far because their loss or gradient norm
+  was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
+- ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
+  (DAPO, arXiv:2503.14476, Sec. 3.2).
 - ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
   ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
 """
