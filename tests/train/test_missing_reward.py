@@ -64,7 +64,7 @@ def test_exclude_none_gives_no_advantage_no_loss_and_is_not_counted():
     totals = step_totals(rnd.micro_batches, 8)
     # 8 rows, 2 excluded; tokens 1+3+4 per group (row lengths k+1, row 1 excluded)
     assert totals["num_seqs"] == 6 and totals["num_tokens"] == 2 * (1 + 3 + 4)
-    assert rnd.metrics["reward"] == pytest.approx(8 / 3)
+    assert rnd.metrics["reward"] == pytest.approx(8 / 3) and rnd.metrics["reward/frac_unknown"] == 0.25
 
 
 def test_zero_counts_none_as_zero():
@@ -75,6 +75,7 @@ def test_zero_counts_none_as_zero():
     torch.testing.assert_close(adv, expected.repeat(2), atol=1e-6, rtol=0)
     totals = step_totals(rnd.micro_batches, 8)
     assert totals["num_seqs"] == 8 and totals["num_tokens"] == 2 * (1 + 2 + 3 + 4)
+    assert rnd.metrics["reward/frac_unknown"] == 0.0
 
 
 def test_step_totals_count_only_sequences_with_loss_tokens():

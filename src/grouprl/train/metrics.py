@@ -3,8 +3,9 @@ samples.jsonl every N steps, and the timers that split a step into its phases.
 
 What the logged numbers mean (one record per optimizer step):
 
-- ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``:
-  the round's first sampled batch, before dynamic sampling.
+- ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``,
+  ``reward/frac_unknown`` (completions without a total reward: trained with no loss): the round's first
+  sampled batch, before dynamic sampling.
 - ``advantage/*``, ``completions/*`` (lengths in tokens, ``truncated_frac`` = no EOS within max_new_tokens).
 - ``loss/policy``: the aggregated clipped surrogate of the whole optimizer step, exactly (micro-batch
   losses are normalised by the step's totals, so their sum is the step's loss). On-policy the ratio is 1 and
@@ -230,6 +231,7 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
     m: dict[str, float] = {}
     m["reward"], m["reward/std_all"] = nan_stats(rewards.flatten())
     valid = ~torch.isnan(rewards)
+    m["reward/frac_unknown"] = float((~valid).float().mean())  # no total (missing_reward='exclude')
     group_std = [float(r[v].std(unbiased=False)) if int(v.sum()) > 1 else 0.0 for r, v in zip(rewards, valid)]
     m["reward_std"] = sum(group_std) / len(group_std)
     m["frac_reward_zero_std"] = float(zero_std.float().mean())
