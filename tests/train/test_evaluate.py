@@ -41,3 +41,33 @@ def test_accuracy_and_pass_at_k_by_hand():
     assert result["pass@4"] == 1.0
     assert result["completion_length"] == pytest.approx(13 / 12)  # one 2-token completion among 12
     assert [(n, t) for _, n, t in backend.calls] == [(4, 0.7), (4, 0.7)]  # batches of 2 prompts
+
+
+def test_logged_eval_accuracy_is_reproduced_by_grouprl_eval(tiny_model_dir, tmp_path, capsys):
+    """In-training evaluation and ``grouprl eval`` on the saved model give the identical number (sampled
+    decoding with top_p < 1, so both the sampling settings and the random stream must agree)."""
+    import json
+    from pathlib import Path
+
+    from train_helpers import read_metrics
+
+    from grouprl.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(8)]
+    (data / "train.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    (data / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows[:3]))
+    recipe = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
+    out = tmp_path / "run"
+    overrides = [f"model={tiny_model_dir}", f"dataset={data}", f"output_dir={out}", "max_steps=1",
+                 "eval_reward=train_helpers:alpha_fraction", "eval_temperature=1.0", "eval_num_samples=2",
+                 "top_p=0.7", "eval_before_train=false"]
+    assert main(["train", "-c", str(recipe), *overrides]) == 0
+    logged = next(r for r in read_metrics(out) if r.get("eval/tag") == "after")
+    capsys.readouterr()
+    assert main(["eval", "-c", str(out / "config.yaml"), "--checkpoint", str(out / "final"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert 0.0 < logged["eval/accuracy"] < 1.0  # a continuous reward: equality below is not a coincidence
+    assert result["accuracy"] == logged["eval/accuracy"]
+    assert result["completion_length"] == logged["eval/completion_length"]

@@ -12,8 +12,9 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
-from grouprl.train.loop import RunContext, Timers, _micro_batches, step_totals
-from grouprl.train.step import LossSpec, completion_logps, micro_batch_loss
+from grouprl.train.metrics import Timers
+from grouprl.train.round import RoundBatch, RunContext, micro_batches
+from grouprl.train.step import LossSpec, completion_logps, micro_batch_loss, step_totals
 
 
 def _model(path):
@@ -39,7 +40,7 @@ def _rollout(vocab, N=8, P=5, T=7, seed=0):
 
 def _grads(model, cfg, rollout, adv, spec):
     ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
-    mbs = _micro_batches(ctx, {"rollout": rollout, "adv": adv}, Timers())
+    mbs = micro_batches(ctx, RoundBatch(rollout, adv), Timers())
     totals = step_totals(mbs, cfg.max_new_tokens)
     model.zero_grad(set_to_none=True)
     total = 0.0
@@ -124,7 +125,7 @@ def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, 
                     KL_ESTIMATORS.get("k3"), 0.0, 1.0)
     cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_new_tokens=7)
     ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
-    mbs = _micro_batches(ctx, {"rollout": _rollout(model.config.vocab_size), "adv": adv}, Timers())
+    mbs = micro_batches(ctx, RoundBatch(_rollout(model.config.vocab_size), adv), Timers())
     totals, acc = step_totals(mbs, cfg.max_new_tokens), {}
     for mb in mbs:  # two micro-batches of 4, normalised by the whole step's totals
         combine(acc, micro_batch_loss(model, mb, spec, totals)[1])
@@ -133,7 +134,7 @@ def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, 
 
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
 def test_gradients_are_clipped_to_max_grad_norm_and_the_norm_before_is_logged(tiny_model_dir, max_grad_norm):
-    from grouprl.train.loop import optimizer_step
+    from grouprl.train.step import optimizer_step
 
     load_builtins()
     model = _model(tiny_model_dir)
@@ -143,7 +144,7 @@ def test_gradients_are_clipped_to_max_grad_norm_and_the_norm_before_is_logged(ti
                     KL_ESTIMATORS.get("k3"), 0.0, 1.0)
     ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])
-    mbs = _micro_batches(ctx, {"rollout": _rollout(model.config.vocab_size), "adv": adv}, Timers())
+    mbs = micro_batches(ctx, RoundBatch(_rollout(model.config.vocab_size), adv), Timers())
     seen = []
 
     class Spy(torch.optim.SGD):  # records the gradient norm the optimizer actually applies

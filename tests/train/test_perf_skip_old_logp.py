@@ -13,8 +13,9 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
-from grouprl.train.loop import RunContext, Timers, _micro_batches, step_totals
-from grouprl.train.step import LossSpec, batched_logps, micro_batch_loss
+from grouprl.train.metrics import Timers
+from grouprl.train.round import RoundBatch, RunContext, micro_batches
+from grouprl.train.step import LossSpec, batched_logps, micro_batch_loss, step_totals
 
 
 def _model(path):
@@ -45,7 +46,7 @@ def test_old_logp_forward_skipped_exactly_where_the_policy_has_not_moved(tiny_mo
     model = _model(tiny_model_dir)
     ctx = RunContext(_cfg(mu), model, None, None, None, None, None, contextlib.nullcontext, None)
     r = _rollout(model.config.vocab_size)
-    mbs = _micro_batches(ctx, {"rollout": r, "adv": torch.linspace(-1, 1, 8)}, Timers())
+    mbs = micro_batches(ctx, RoundBatch(r, torch.linspace(-1, 1, 8)), Timers())
     assert [mb.old_logp is None for mb in mbs] == expected
 
 
@@ -56,7 +57,7 @@ def test_skipped_old_logp_gives_the_same_loss_and_gradients(tiny_model_dir, loss
     ctx = RunContext(_cfg(), model, None, None, None, None, None, contextlib.nullcontext, None)
     r = _rollout(model.config.vocab_size)
     adv = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1])
-    mbs = _micro_batches(ctx, {"rollout": r, "adv": adv}, Timers())[:2]  # the round's first optimizer step
+    mbs = micro_batches(ctx, RoundBatch(r, adv), Timers())[:2]  # the round's first optimizer step
     hp = {"eps_low": 3e-4, "eps_high": 4e-4} if loss == "gspo" else {"eps_low": 0.2, "eps_high": 0.28}
     spec = LossSpec(POLICY_LOSSES.get(loss), hp, AGGREGATIONS.get("token_mean"), KL_ESTIMATORS.get("k3"),
                     kl_coef=0.0, temperature=1.0)

@@ -188,7 +188,9 @@ def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir,
                 "num_iterations=2", "kl_coef=0.05", "learning_rate=1e-2", "reward_funcs=[train_helpers:alpha_fraction]",
                 "log_completions_steps=1", *extra]
 
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
+    # the helpers' folder first, then the caller's PYTHONPATH (so the tree under test is the one that runs)
+    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
     subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
     proc = subprocess.Popen(cmd(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = tmp_path / "killed" / "metrics.jsonl"
@@ -205,3 +207,37 @@ def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir,
     assert [r["step"] for r in resumed] == list(range(1, 9))  # the killed run's step 4+ records were dropped
     _assert_same(full, resumed, range(4, 9))
     assert full[7]["kl"] > 0 and full[7]["reward"] != full[0]["reward"]  # the policy really moved
+
+
+def test_to_device_moves_every_tensor_of_a_saved_round():
+    from grouprl.train.checkpoint import to_device
+    from grouprl.train.round import Round
+    from grouprl.train.step import MicroBatch
+
+    t = torch.ones(2, 3)
+    mb = MicroBatch(t, t, t, t, t, torch.ones(2), old_logp=t.clone(), ref_logp=None)
+    rnd = to_device(Round([mb, mb], {"reward": 1.0}, [{"prompt": "p"}]), "meta")
+    for m in rnd.micro_batches:
+        assert all(x.device.type == "meta" for x in (m.prompt_ids, m.prompt_mask, m.completion_ids,
+                                                     m.completion_mask, m.loss_mask, m.adv, m.old_logp))
+        assert m.ref_logp is None
+    assert rnd.metrics == {"reward": 1.0} and rnd.samples == [{"prompt": "p"}]
+
+
+def test_resume_puts_the_saved_round_on_the_models_device(tiny_model_dir, train_rows, fast_config, tmp_path,
+                                                          monkeypatch):
+    from grouprl.train import checkpoint as ckpt
+    from grouprl.train.model import build_optimizer
+
+    cfg = fast_config(output_dir=str(tmp_path / "dev"), max_steps=1, gradient_accumulation_steps=1,
+                      steps_per_generation=2, save_strategy="steps", save_steps=1)  # saved mid-round
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
+    trainer.train()
+    seen = []
+    real = ckpt.to_device
+    monkeypatch.setattr(ckpt, "to_device", lambda obj, device: seen.append(device) or real(obj, device))
+    optimizer, scheduler = build_optimizer(trainer.model, cfg, 4)
+    state = ckpt.load_checkpoint(tmp_path / "dev" / "checkpoint-1", trainer.model, optimizer, scheduler)
+    device = next(trainer.model.parameters()).device
+    assert seen and set(seen) == {device}  # a CUDA model gets its round back on CUDA, not on the CPU it was read to
+    assert state["round"].micro_batches[0].prompt_ids.device == device

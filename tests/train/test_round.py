@@ -11,16 +11,13 @@ from train_helpers import train_records
 
 from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
+from grouprl.data.stream import PromptStream
 from grouprl.rollout.base import Rollout
-from grouprl.train.loop import (
-    PromptStream,
-    RunContext,
-    Timers,
-    advantage_function,
-    generate_round,
-    step_totals,
-)
+from grouprl.train.loop import advantage_function
+from grouprl.train.metrics import Timers
+from grouprl.train.round import RunContext, generate_round
 from grouprl.train.score import RewardScorer
+from grouprl.train.step import step_totals
 
 
 class FakeBackend:
@@ -117,7 +114,7 @@ def test_truncated_completions_are_masked_out_of_the_loss():
 
 def test_step_plan_from_epochs_and_batch_arithmetic():
     from grouprl.errors import DataError
-    from grouprl.train.loop import _should_save, plan_steps
+    from grouprl.train.loop import plan_steps, should_save
 
     # G=4, 4 completions x 2 micro-batches = 8 per round = 2 prompts; 10 rows -> 5 rounds per epoch
     cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
@@ -131,10 +128,10 @@ def test_step_plan_from_epochs_and_batch_arithmetic():
     with pytest.raises(DataError, match="has 3 rows but one generation round needs 4 prompts"):
         plan_steps(cfg, 3)
     epoch = GRPOConfig(save_strategy="epoch", num_generations=2, per_device_train_batch_size=2)
-    assert [s for s in range(1, 11) if _should_save(epoch, s, 3, 10)] == [3, 6, 9, 10]  # and the last step
+    assert [s for s in range(1, 11) if should_save(epoch, s, 3, 10)] == [3, 6, 9, 10]  # and the last step
     steps = GRPOConfig(save_steps=4, num_generations=2, per_device_train_batch_size=2)
-    assert [s for s in range(1, 13) if _should_save(steps, s, 3, 12)] == [4, 8, 12]
-    assert not any(_should_save(GRPOConfig(save_strategy="no", num_generations=2, per_device_train_batch_size=2),
+    assert [s for s in range(1, 13) if should_save(steps, s, 3, 12)] == [4, 8, 12]
+    assert not any(should_save(GRPOConfig(save_strategy="no", num_generations=2, per_device_train_batch_size=2),
                                 s, 3, 12) for s in range(1, 13))
 
 
@@ -193,7 +190,6 @@ def test_warmup_then_schedule(kind, expected):
     ("none", [0.75, -0.25]),  # r - group mean only
 ])
 def test_scale_rewards_reaches_the_advantage_estimator(scale, first_group):
-    from grouprl.train.loop import advantage_function
 
     load_builtins()
     rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])

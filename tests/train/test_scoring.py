@@ -25,9 +25,18 @@ def test_weighted_sum_components_and_none():
     scorer = RewardScorer([r_len, r_none_on_b], weights=[0.5, 2.0])
     totals, comps = scorer.score(PROMPTS, COMPLETIONS, {})
     assert scorer.names == ["r_len", "r_none_on_b"]
-    # sample 0: 0.5*1 + 2*1 = 2.5; sample 1: 0.5*2 + (None: left out) = 1.0; sample 2: 0.5*3 + 2 = 3.5
-    assert totals == [2.5, 1.0, 3.5]
+    # sample 0: 0.5*1 + 2*1 = 2.5; sample 1: 0.5*2 + None -> unknown (missing_reward='exclude'); 0.5*3 + 2 = 3.5
+    assert totals[0] == 2.5 and math.isnan(totals[1]) and totals[2] == 3.5
     assert comps[1][0] == 2.0 and math.isnan(comps[1][1])
+
+
+def test_missing_reward_zero_counts_none_as_zero():
+    scorer = RewardScorer([r_len, r_none_on_b], weights=[0.5, 2.0], missing="zero")
+    totals, comps = scorer.score(PROMPTS, COMPLETIONS, {})
+    assert totals == [2.5, 1.0, 3.5]  # sample 1: 0.5*2 + 2*0
+    assert math.isnan(comps[1][1])  # the component column still says "no opinion"
+    all_none = RewardScorer([lambda completions, **kw: [None] * len(completions)], missing="zero")
+    assert all_none.score(PROMPTS, COMPLETIONS, {})[0] == [0.0, 0.0, 0.0]
 
 
 def test_all_none_gives_nan_total():
@@ -91,3 +100,54 @@ def _named(name, body):
 
     fn.__name__ = name
     return fn
+
+
+def test_trl_style_reward_gets_completion_ids_trainer_state_and_columns():
+    """A reward written for TRL's GRPOTrainer receives what TRL passes it (and the per-sample adapter still
+    works next to it)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+
+    from grouprl.builtins import load_builtins
+    from grouprl.config import GRPOConfig
+    from grouprl.data.stream import PromptStream
+    from grouprl.rewards import make_reward_func
+    from grouprl.rollout.base import Rollout
+    from grouprl.train.loop import advantage_function
+    from grouprl.train.metrics import Timers
+    from grouprl.train.round import RunContext, generate_round
+
+    class Backend:  # completion k of a prompt: tokens 10+k, 11+k, ... (k+1 of them), then padding 0
+        def generate(self, prompts, n, params):
+            N = len(prompts) * n
+            ids = torch.zeros(N, n, dtype=torch.long)
+            for i in range(N):
+                k = i % n
+                ids[i, :k + 1] = torch.arange(10 + k, 11 + 2 * k)
+            mask = (ids > 0).long()
+            return Rollout(torch.ones(N, 2, dtype=torch.long), torch.ones(N, 2, dtype=torch.long), ids, mask,
+                           torch.zeros(N, dtype=torch.bool), [str(i % n) for i in range(N)],
+                           [p for p in prompts for _ in range(n)])
+
+    seen = {}
+
+    def trl_reward(prompts, completions, completion_ids, trainer_state, answer, **kwargs):
+        seen.update(prompts=prompts, ids=completion_ids, step=trainer_state.global_step, answer=answer)
+        return [float(len(ids)) for ids in completion_ids]
+
+    def per_sample(completion, *, answer=None, **meta):
+        return float(completion == "0")
+
+    load_builtins()
+    cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2, seed=0)
+    rows = [{"prompt": "p0", "answer": "a0"}, {"prompt": "p1", "answer": "a1"}]
+    ctx = RunContext(cfg, None, SimpleNamespace(pad_token_id=0), Backend(),
+                     RewardScorer([trl_reward, make_reward_func(per_sample)]), advantage_function(cfg), None,
+                     contextlib.nullcontext, rows, 3, 10)
+    rnd = generate_round(ctx, PromptStream(2, 2, seed=0), Timers())
+    expected = [list(range(10 + k, 11 + 2 * k)) for _ in range(2) for k in range(4)]
+    assert seen["ids"] == expected and all(type(t) is int for ids in seen["ids"] for t in ids)
+    assert seen["step"] == 3 and sorted(set(seen["answer"])) == ["a0", "a1"] and len(seen["prompts"]) == 8
+    assert rnd.metrics["rewards/trl_reward/mean"] == 2.5 and rnd.metrics["rewards/per_sample/mean"] == 0.25

@@ -1,4 +1,4 @@
-"""The seed's listing 3.5 runs as written with `from grouprl import GRPOConfig, GRPOTrainer`."""
+"""A TRL-style GRPO quick-start script (seed/listing_3_5.py) runs as written with `from grouprl import GRPOConfig, GRPOTrainer`."""
 
 from __future__ import annotations
 

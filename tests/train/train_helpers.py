@@ -50,3 +50,23 @@ def train_records(output_dir):
 
 def is_finite(x):
     return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+class CountingBackend:
+    """The transformers backend, counting ``sync_weights`` calls and the generations between them
+    (``rollout_backend: "train_helpers:CountingBackend"``)."""
+
+    events: list[str] = []
+
+    def __init__(self, model, tokenizer, **kwargs):
+        from grouprl.rollout.hf import TransformersBackend
+
+        self.inner = TransformersBackend(model, tokenizer, **kwargs)
+
+    def sync_weights(self, model):
+        CountingBackend.events.append("sync")
+        self.inner.sync_weights(model)
+
+    def generate(self, prompts, n, params):
+        CountingBackend.events.append("generate")
+        return self.inner.generate(prompts, n, params)

@@ -1,4 +1,8 @@
-"""``grouprl eval -c recipe.yaml --checkpoint DIR``: held-out accuracy (greedy or sampled) and pass@k."""
+"""``grouprl eval -c recipe.yaml --checkpoint DIR``: held-out accuracy (greedy or sampled) and pass@k.
+
+It calls ``grouprl.train.evaluate.evaluate_model``, the function the trainer's in-training evaluation uses,
+so re-evaluating a run's final model with its ``config.yaml`` reproduces the logged ``eval/accuracy``.
+"""
 
 from __future__ import annotations
 
@@ -51,29 +55,10 @@ def run(args: argparse.Namespace) -> int:
 
 def decoding_plan(cfg, temperature: float | None, num_samples: int | None,
                   k: list[int] | None) -> tuple[float, int, tuple[int, ...]]:
-    """(temperature, samples per prompt, pass@k values) from the flags, falling back on the recipe.
+    """``grouprl.train.evaluate.decoding_plan`` (imported when called: the CLI starts without torch)."""
+    from grouprl.train.evaluate import decoding_plan as plan
 
-    Greedy decoding (temperature 0) gives one answer per prompt, so a recipe's eval_num_samples > 1 (meant for
-    its sampled evaluation) becomes 1 under ``--temperature 0``; an explicit ``-n`` > 1 or ``--k`` > 1 with
-    greedy decoding is an error."""
-    from grouprl.errors import ConfigError
-
-    temperature = cfg.eval_temperature if temperature is None else temperature
-    if temperature < 0:
-        raise ConfigError(f"--temperature {temperature} must be >= 0 (0 = greedy).")
-    if num_samples is not None and num_samples < 1:
-        raise ConfigError(f"--num-samples {num_samples} must be >= 1.")
-    if temperature == 0:
-        if num_samples is not None and num_samples > 1:
-            raise ConfigError(f"--num-samples {num_samples} with greedy decoding (--temperature 0) gives "
-                              f"{num_samples} identical samples, so pass@k would be meaningless. Fix: drop -n "
-                              f"for greedy accuracy, or add --temperature 0.7 (or similar) for pass@k.")
-        if k and max(k) > 1:
-            raise ConfigError(f"--k {' '.join(map(str, k))} with greedy decoding: pass@k needs several sampled "
-                              f"completions per prompt. Fix: drop --k, or add --temperature 0.7 and -n.")
-        return temperature, 1, (1,)
-    n = num_samples or cfg.eval_num_samples
-    return temperature, n, tuple(k) if k else tuple(sorted({1, n}))
+    return plan(cfg, temperature, num_samples, k)
 
 
 def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_samples: int,
@@ -83,8 +68,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
 
     from grouprl.data.load import check_rows, load_dataset_any
     from grouprl.errors import ConfigError
-    from grouprl.rollout import make_backend
-    from grouprl.train.evaluate import evaluate
+    from grouprl.train.evaluate import evaluate_model
     from grouprl.train.model import (
         apply_torch_threads,
         check_model_source,
@@ -119,9 +103,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
         model = load_model(source, device)
         tokenizer = load_tokenizer(resolve_model_path(source))
     reward_fn = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
-    backend = make_backend(cfg.rollout_backend, model, tokenizer)
     rows = [rows_ds[i] for i in range(len(rows_ds))]
-    return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
-                    system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                    max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
-                    top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks)
+    # the same function the trainer logs eval/* with, so this reproduces the logged numbers
+    return evaluate_model(cfg, model, tokenizer, rows, reward_fn, temperature=temperature,
+                          num_samples=num_samples, ks=ks)

@@ -4,7 +4,7 @@
 and ``sync_weights(model)`` (see ``grouprl.rollout.base.Backend``). ``transformers`` (``generate`` with a KV
 cache, using the training weights) is built in. Another engine (vLLM, SGLang) plugs in as
 ``rollout_backend: "package.module:Class"``; it is imported only when named, and the loop calls its
-``sync_weights`` after every optimizer step.
+``sync_weights`` once per generation round, before generating (and before each evaluation).
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ from grouprl.rollout.base import Backend, Rollout, SamplingParams
 BACKENDS = {"transformers": "grouprl.rollout.hf:TransformersBackend"}
 
 
-def make_backend(name: str, model: Any, tokenizer: Any, **kwargs: Any) -> Backend:
-    """Instantiate the backend ``name`` (a built-in name or ``package.module:Class``), importing it here."""
+def make_backend(name: str, model: Any, tokenizer: Any, *, lean_sampler: bool | None = None,
+                 **kwargs: Any) -> Backend:
+    """Instantiate the backend ``name`` (a built-in name or ``package.module:Class``), importing it here.
+
+    ``lean_sampler`` reaches the built-in transformers backend only (``None``: lean sampler on CPU only).
+    """
     import importlib
 
     from grouprl.errors import ConfigError, did_you_mean
 
     spec = BACKENDS.get(name, name)
+    if spec == BACKENDS["transformers"]:
+        kwargs.setdefault("lean", lean_sampler)
     module_name, sep, cls_name = spec.partition(":")
     if not sep:
         raise ConfigError(f"rollout_backend={name!r} is unknown.{did_you_mean(name, BACKENDS)} Built in: "

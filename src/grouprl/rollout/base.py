@@ -1,7 +1,8 @@
 """The backend interface: what a generation backend receives and returns.
 
 A backend implements ``generate(prompts: list[str], n: int, params: SamplingParams) -> Rollout`` and,
-when it holds its own copy of the weights (vLLM), ``sync_weights(model)`` after each optimizer step.
+when it holds its own copy of the weights (vLLM), ``sync_weights(model)``: the trainer calls it once per
+generation round, before generating (and before each evaluation), so the engine samples the current policy.
 Completions of prompt ``i`` are rows ``i*n .. i*n+n-1`` (grouped), so rewards reshape to ``[B, G]``.
 """
 
@@ -42,6 +43,11 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.completions)
+
+    def token_lists(self) -> list[list[int]]:
+        """The sampled token ids of each completion, EOS included, padding excluded (TRL's ``completion_ids``)."""
+        lengths = self.completion_mask.sum(dim=1).tolist()
+        return [row[:int(n)].tolist() for row, n in zip(self.completion_ids.cpu(), lengths)]
 
     def select(self, index: list[int]) -> Rollout:
         """Rows ``index`` of every field (used to drop groups)."""

@@ -55,12 +55,25 @@ def generation_config(params: SamplingParams, pad_id: int, eos_ids: list[int]):
     )
 
 
-class TransformersBackend:
-    """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync)."""
+def use_lean_sampler(choice: bool | None, device_type: str) -> bool:
+    """Whether to try ``rollout.lean.lean_sample``: ``choice`` when given, else only on the CPU.
 
-    def __init__(self, model: Any, tokenizer: Any, lean: bool = True) -> None:
+    The lean sampler is the CPU fast path (tested there to sample exactly what ``generate`` samples); on a
+    GPU ``model.generate`` is the default, since the lean path has not been validated there.
+    """
+    return choice if choice is not None else device_type == "cpu"
+
+
+class TransformersBackend:
+    """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync).
+
+    ``lean``: use ``rollout.lean.lean_sample`` where it reproduces ``generate`` (see lean.py); ``None`` =
+    on the CPU only (``use_lean_sampler``), ``True`` / ``False`` force it on / off.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, lean: bool | None = None) -> None:
         self.model = model
-        self.lean = lean  # use rollout.lean.lean_sample where it reproduces generate (see lean.py)
+        self.lean = lean
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -88,7 +101,7 @@ class TransformersBackend:
         device = next(self.model.parameters()).device
         ids, mask = self.tokenize_prompts(prompts, params.max_prompt_length)
         ids, mask = ids.to(device), mask.to(device)
-        if self.lean and unsupported_reason(self.model) is None:
+        if use_lean_sampler(self.lean, device.type) and unsupported_reason(self.model) is None:
             # same tokens / distribution as generate, ~3x less CPU for small models (benchmarks/README.md)
             completion_ids = lean_sample(self.model, ids, mask, n, max_new_tokens=params.max_new_tokens,
                                          min_new_tokens=params.min_new_tokens, temperature=params.temperature,

@@ -9,6 +9,7 @@ A checkpoint is written to ``.tmp-checkpoint-<step>`` and renamed when complete.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -95,13 +96,34 @@ def resolve_resume(resume: Any, output_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Restore weights, optimizer, scheduler and RNG from ``path``; returns the rest of the saved state."""
+    """Restore weights, optimizer, scheduler and RNG from ``path``; returns the rest of the saved state.
+
+    The unfinished round (its micro-batches' tensors) is moved onto the model's device: it is read onto
+    the CPU, and the next forward would otherwise mix devices.
+    """
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     _load_weights(path, model)
     optimizer.load_state_dict(state.pop("optimizer"))
     scheduler.load_state_dict(state.pop("scheduler"))
     set_rng_state(state.pop("rng"))
+    if state.get("round") is not None:
+        state["round"] = to_device(state["round"], next(model.parameters()).device)
     return state
+
+
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor inside (dataclass fields, dicts, lists, tuples) moved to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            setattr(obj, f.name, to_device(getattr(obj, f.name), device))
+        return obj
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
 
 
 def _load_weights(path: Path, model: Any) -> None:

@@ -1,4 +1,10 @@
-"""Held-out evaluation: accuracy = mean of the eval reward on the eval split, plus pass@k when sampling."""
+"""Held-out evaluation: accuracy = mean of the eval reward on the eval split, plus pass@k when sampling.
+
+``evaluate_model`` is the one path of the in-training evaluation, ``GRPOTrainer.evaluate`` and
+``grouprl eval``: same decoding plan, same ``top_p``, same autocast, and sampling seeded with ``cfg.seed``
+(in a forked RNG, so training's random stream is untouched), so a logged ``eval/accuracy`` is reproduced
+by ``grouprl eval`` on the saved model.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +52,8 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         columns = reward_columns(expanded, prompt_column)
         prompts = [r[prompt_column] for r in expanded]
         completions = completions_for_rewards(out.completions, prompts)
-        totals, _ = scorer.score(prompts, completions, columns)
+        ids = out.token_lists() if hasattr(out, "token_lists") else None
+        totals, _ = scorer.score(prompts, completions, columns, completion_ids=ids)
         lengths.extend(out.completion_mask.sum(dim=1).tolist())
         for i in range(len(chunk)):
             group = totals[i * num_samples:(i + 1) * num_samples]
@@ -67,6 +74,55 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
             judged = [pass_at_k(n, c, k) for n, c in per_prompt_correct if n >= k]
             result[f"pass@{k}"] = sum(judged) / len(judged) if judged else float("nan")
     return result
+
+
+def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *,
+                   backend: Any = None, temperature: float | None = None, num_samples: int | None = None,
+                   ks: Any = None) -> dict[str, Any]:
+    """Evaluate ``model`` on ``rows`` as the config says (``None`` = the recipe's eval settings)."""
+    import torch
+
+    from grouprl.rollout import make_backend
+    from grouprl.train.model import autocast_factory
+
+    temperature, num_samples, ks = decoding_plan(cfg, temperature, num_samples, ks)
+    if backend is None:
+        backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
+    device = next(model.parameters()).device
+    autocast = autocast_factory(cfg.bf16, device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast():
+        torch.manual_seed(cfg.seed)
+        return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
+                        system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+                        max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
+                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks)
+
+
+def decoding_plan(cfg: Any, temperature: float | None, num_samples: int | None,
+                  k: Any) -> tuple[float, int, tuple[int, ...]]:
+    """(temperature, samples per prompt, pass@k values) from explicit choices, falling back on the recipe.
+
+    Greedy decoding (temperature 0) gives one answer per prompt, so a recipe's eval_num_samples > 1 (meant for
+    its sampled evaluation) becomes 1 under ``--temperature 0``; an explicit ``-n`` > 1 or ``--k`` > 1 with
+    greedy decoding is an error."""
+    from grouprl.errors import ConfigError
+
+    temperature = cfg.eval_temperature if temperature is None else temperature
+    if temperature < 0:
+        raise ConfigError(f"--temperature {temperature} must be >= 0 (0 = greedy).")
+    if num_samples is not None and num_samples < 1:
+        raise ConfigError(f"--num-samples {num_samples} must be >= 1.")
+    if temperature == 0:
+        if num_samples is not None and num_samples > 1:
+            raise ConfigError(f"--num-samples {num_samples} with greedy decoding (--temperature 0) gives "
+                              f"{num_samples} identical samples, so pass@k would be meaningless. Fix: drop -n "
+                              f"for greedy accuracy, or add --temperature 0.7 (or similar) for pass@k.")
+        if k and max(k) > 1:
+            raise ConfigError(f"--k {' '.join(map(str, k))} with greedy decoding: pass@k needs several sampled "
+                              f"completions per prompt. Fix: drop --k, or add --temperature 0.7 and -n.")
+        return temperature, 1, (1,)
+    n = num_samples or cfg.eval_num_samples
+    return temperature, n, tuple(k) if k else tuple(sorted({1, n}))
 
 
 def completions_for_rewards(texts: list[str], prompts: list[Any]) -> list[Any]:

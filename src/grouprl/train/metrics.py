@@ -3,8 +3,9 @@ samples.jsonl every N steps, and the timers that split a step into its phases.
 
 What the logged numbers mean (one record per optimizer step):
 
-- ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``:
-  the round's first sampled batch, before dynamic sampling.
+- ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``,
+  ``reward/frac_unknown`` (completions without a total reward: trained with no loss): the round's first
+  sampled batch, before dynamic sampling.
 - ``advantage/*``, ``completions/*`` (lengths in tokens, ``truncated_frac`` = no EOS within max_new_tokens).
 - ``loss/policy``: the aggregated clipped surrogate of the whole optimizer step, exactly (micro-batch
   losses are normalised by the step's totals, so their sum is the step's loss). On-policy the ratio is 1 and
@@ -13,7 +14,11 @@ What the logged numbers mean (one record per optimizer step):
 - ``kl``: token-mean KL(pi_theta || pi_ref) estimate (null when kl_coef = 0: there is no reference);
   ``entropy``: token-mean entropy of the sampling distribution; ``policy/*``: ratio min/mean/max, clip
   fractions (low, high, region) and approx_kl to the rollout policy.
-- ``grad_norm`` (before clipping), ``lr``, ``num_tokens`` (loss tokens), ``tokens_per_s``.
+- ``grad_norm`` (before clipping; null on a skipped step), ``lr``, ``num_tokens`` (loss tokens),
+  ``tokens_per_s``; ``skipped_steps``: optimizer steps skipped so far because their loss or gradient norm
+  was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
+- ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
+  (DAPO, arXiv:2503.14476, Sec. 3.2).
 - ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
   ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
 """
@@ -201,3 +206,74 @@ def summarize_rewards(history: list[dict[str, Any]], key: str = "reward") -> dic
     k = max(1, len(values) // 5)
     return {"first": values[0], "last": values[-1], "max": max(values), "mean": sum(values) / len(values),
             "first_fifth_mean": sum(values[:k]) / k, "last_fifth_mean": sum(values[-k:]) / k}
+
+
+# ---- one generation round ---------------------------------------------------------------------------
+def nan_stats(values: Any) -> tuple[float, float]:
+    """Mean and population std of the non-NaN entries (NaN, NaN when there are none)."""
+    import torch
+
+    v = values[~torch.isnan(values)]
+    if v.numel() == 0:
+        return float("nan"), float("nan")
+    return float(v.mean()), float(v.std(unbiased=False))
+
+
+def round_metrics(names: list[str], rewards: Any, components: list[list[float]], rollout: Any, adv: Any,
+                  zero_std: Any) -> dict[str, float]:
+    """Reward (total and per function), group spread, advantage and length statistics of a round.
+
+    ``rewards [B,G]`` / ``components [N][F]`` / ``rollout`` are the first sampled batch (before dynamic
+    sampling), ``adv [N]`` the advantages trained on, ``zero_std [B]`` the groups whose rewards all agree.
+    """
+    import torch
+
+    m: dict[str, float] = {}
+    m["reward"], m["reward/std_all"] = nan_stats(rewards.flatten())
+    valid = ~torch.isnan(rewards)
+    m["reward/frac_unknown"] = float((~valid).float().mean())  # no total (missing_reward='exclude')
+    group_std = [float(r[v].std(unbiased=False)) if int(v.sum()) > 1 else 0.0 for r, v in zip(rewards, valid)]
+    m["reward_std"] = sum(group_std) / len(group_std)
+    m["frac_reward_zero_std"] = float(zero_std.float().mean())
+    comps = torch.tensor(components, dtype=torch.float32)
+    for j, name in enumerate(names):
+        m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = nan_stats(comps[:, j])
+        m[f"rewards/{name}/frac_none"] = float(torch.isnan(comps[:, j]).float().mean())
+    m.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std(unbiased=False)),
+              "advantage/min": float(adv.min()), "advantage/max": float(adv.max()),
+              "advantage/frac_zero": float((adv == 0).float().mean())})
+    lengths = rollout.completion_mask.sum(dim=1).float()
+    m.update({"completions/mean_length": float(lengths.mean()), "completions/min_length": float(lengths.min()),
+              "completions/max_length": float(lengths.max()),
+              "completions/truncated_frac": float(rollout.truncated.float().mean())})
+    return m
+
+
+def round_samples(names: list[str], rollout: Any, rewards: Any, components: list[list[float]], adv: Any,
+                  n: int) -> list[dict]:
+    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion)."""
+    totals = rewards.reshape(-1)
+    out = []
+    for i in range(min(n, len(rollout))):
+        comps = {name: _none_if_nan(components[i][j]) for j, name in enumerate(names)}
+        out.append({"prompt": rollout.prompts[i], "completion": rollout.completions[i],
+                    "reward": _none_if_nan(float(totals[i])), "rewards": comps, "advantage": float(adv[i]),
+                    "truncated": bool(rollout.truncated[i])})
+    return out
+
+
+def _none_if_nan(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def report_step(cfg: Any, logger: MetricsLogger, step: int, total_steps: int, metrics: dict[str, Any],
+                samples: list[dict], history: list[dict]) -> None:
+    """Log one optimizer step: metrics.jsonl / TensorBoard / W&B, progress bar, samples.jsonl."""
+    # prompt + completion tokens this step trained on, per second of the whole step (generation included)
+    metrics["tokens_per_s"] = metrics.pop("seq_tokens") / max(metrics["time/step"], 1e-9)
+    if step % cfg.logging_steps == 0 or step == total_steps:
+        logger.log(step, metrics)
+        history.append({"step": step, **{k: metrics.get(k) for k in ("reward", "loss/policy", "kl", "entropy")}})
+    logger.advance(step, metrics)
+    if cfg.log_completions_steps and step % cfg.log_completions_steps == 0:
+        logger.log_samples(step, samples)

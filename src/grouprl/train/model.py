@@ -112,6 +112,26 @@ def load_model(model: Any, device: torch.device):
     return model.to(device)
 
 
+def upcast_trainable(model: Any) -> torch.dtype | None:
+    """Cast trainable half-precision parameters to fp32 (fp32 master weights); returns the old dtype or None.
+
+    AdamW on bf16 weights rounds every update below ~0.4% of the weight away (bf16 has 8 mantissa bits), so
+    a model passed in as an object in bf16 / fp16 would silently not learn at typical learning rates. The
+    compute dtype is then chosen by ``bf16`` (autocast), as for a model loaded by name. Frozen parameters
+    (a LoRA base) keep their dtype.
+    """
+    half = [p for p in model.parameters() if p.requires_grad and p.dtype in (torch.bfloat16, torch.float16)]
+    if not half:
+        return None
+    dtype = half[0].dtype
+    for p in half:
+        p.data = p.data.float()
+    log.warning("grouprl: %d trainable parameter tensors were %s; upcast to float32 (fp32 master weights, "
+                "compute in bf16 under autocast when bf16=true on a GPU). Load with dtype=torch.float32 to "
+                "skip this.", len(half), str(dtype).replace("torch.", ""))
+    return dtype
+
+
 def is_peft(model: Any) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
@@ -172,3 +192,29 @@ def apply_torch_threads(cfg: Any) -> int | None:
         return None
     torch.set_num_threads(cfg.torch_num_threads)
     return cfg.torch_num_threads
+
+
+def enable_checkpointing(model: Any) -> None:
+    """Recompute activations in backward; non-reentrant, so frozen inputs (LoRA) need no extra hooks."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def save_final(model: Any, tokenizer: Any, path: Any):
+    """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
+    without peft) with the adapter itself in ``<path>/adapter``."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if is_peft(model):
+        model.save_pretrained(path / "adapter")
+        copy.deepcopy(model).merge_and_unload().save_pretrained(path)
+    else:
+        model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

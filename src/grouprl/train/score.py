@@ -2,10 +2,12 @@
 
 Reward functions have TRL's signature ``fn(completions, prompts=..., **columns) -> list[float | None]``;
 registry names are turned into such functions by ``grouprl.rewards.make_reward_func``. ``None`` means
-"no opinion" (e.g. the ground truth could not be parsed): that component is left out of the weighted sum,
-and a sample on which every function abstains gets a NaN total, which the advantage estimators treat as
-"no opinion" (advantage 0). A function that raises, returns the wrong number of values, or returns NaN /
-a non-number stops the run with a RewardError naming the function and the sample.
+"no opinion" (e.g. the ground truth could not be parsed, a sandbox failed). With ``missing="exclude"``
+(the default) a sample whose total is unknown -- any function returned None for it -- gets a NaN total:
+the advantage estimators leave it out of its group's statistics and give it advantage 0, and the trainer
+gives it no loss. With ``missing="zero"`` a None counts as 0. A function that raises, returns the wrong
+number of values, or returns NaN / a non-number stops the run with a RewardError naming the function and
+the sample.
 """
 
 from __future__ import annotations
@@ -43,7 +45,11 @@ def reward_name(fn: Callable) -> str:
 class RewardScorer:
     """``score(prompts, completions, columns) -> (total [N], components [N][F])`` with NaN for None."""
 
-    def __init__(self, funcs: Sequence[Callable], weights: Sequence[float] | None = None) -> None:
+    def __init__(self, funcs: Sequence[Callable], weights: Sequence[float] | None = None,
+                 missing: str = "exclude") -> None:
+        if missing not in ("exclude", "zero"):
+            raise ConfigError(f"missing_reward={missing!r} must be 'exclude' or 'zero'.")
+        self.missing = missing
         self.funcs = list(funcs)
         self.names = _unique([reward_name(f) for f in self.funcs])
         if weights is not None and len(weights) != len(self.funcs):
@@ -52,20 +58,26 @@ class RewardScorer:
         self.weights = [float(w) for w in (weights if weights is not None else [1.0] * len(self.funcs))]
 
     def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list],
-              trainer_state: Any = None):
-        """``trainer_state`` (TRL's: ``global_step``, ``max_steps``) lets scheduled rewards see progress."""
+              trainer_state: Any = None, completion_ids: list[list[int]] | None = None):
+        """Call every function with TRL's keywords: ``prompts``, ``completions``, ``completion_ids`` (the
+        sampled token ids of each completion, EOS included, padding excluded), ``trainer_state`` (TRL's:
+        ``global_step``, ``max_steps``; lets scheduled rewards see progress) and the dataset columns."""
         n = len(completions)
         components = [[math.nan] * len(self.funcs) for _ in range(n)]
-        extra = {"trainer_state": trainer_state} if trainer_state is not None else {}
+        extra: dict[str, Any] = {"trainer_state": trainer_state} if trainer_state is not None else {}
+        if completion_ids is not None:
+            extra["completion_ids"] = completion_ids
         for j, (fn, name) in enumerate(zip(self.funcs, self.names)):
             values = self._call(fn, name, prompts, completions, {**columns, **extra})
             for i, value in enumerate(values):
                 components[i][j] = self._check_value(value, name, i, completions[i])
-        totals = []
-        for row in components:
-            present = [(w, v) for w, v in zip(self.weights, row) if not math.isnan(v)]
-            totals.append(sum(w * v for w, v in present) if present else math.nan)
-        return totals, components
+        return [self.total(row) for row in components], components
+
+    def total(self, row: list[float]) -> float:
+        """Weighted sum of one sample's components (NaN = None): NaN if any is None under 'exclude'."""
+        if self.missing == "exclude" and any(math.isnan(v) for v in row):
+            return math.nan
+        return sum(w * (0.0 if math.isnan(v) else v) for w, v in zip(self.weights, row))
 
     @staticmethod
     def _call(fn: Callable, name: str, prompts: list, completions: list, columns: dict[str, list]) -> list:

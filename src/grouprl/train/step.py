@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
+from grouprl.errors import GroupRLError
 
 
 @dataclass
@@ -49,7 +50,8 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
                      *, with_entropy: bool = False, plain: bool = False):
     """log pi(y_t | x, y_<t) for every completion token: ``[N,T]`` (and the entropy ``[N,T]`` if asked).
 
-    Logits are divided by ``temperature`` so the log-probs are those of the sampling distribution.
+    Logits are divided by ``temperature`` in fp32 (whatever the compute dtype) so the log-probs are those of
+    the sampling distribution.
     Position ids follow the attention mask, as in ``generate`` with left padding.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -64,7 +66,7 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     else:
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                     logits_to_keep=T + 1, use_cache=False)
-        logits = out.logits[:, :-1] / temperature
+        logits = out.logits[:, :-1].float() / temperature  # fp32: a bf16 division rounds every logit
         logp = selective_log_softmax(logits, completion_ids)
     if not with_entropy:
         return logp, None
@@ -123,7 +125,19 @@ def combine(acc: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> dict
 
 @torch.no_grad()
 def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> list[torch.Tensor]:
-    """log-probs of each micro-batch without gradient (reference or old policy)."""
+    """log-probs of each micro-batch without gradient (reference or old policy), with dropout off.
+
+    The model is put in eval mode for these forwards and back in the mode it was in afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        return _logps(model, rows, temperature, ctx)
+    finally:
+        model.train(was_training)
+
+
+def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> list[torch.Tensor]:
     out = []
     for mb in rows:
         if mb.prompt_ids.shape[0] == 0:  # a micro-batch emptied by dropped groups
@@ -133,4 +147,86 @@ def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: A
             logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                        mb.completion_mask, temperature)
         out.append(logp.float())
+    return out
+
+
+# ---- one optimizer step -----------------------------------------------------------------------------
+def step_totals(mbs: list[MicroBatch], max_new_tokens: int) -> dict[str, int]:
+    """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation.
+
+    ``num_seqs`` counts the sequences with at least one loss token: a row emptied by
+    ``mask_truncated_completions`` or an unknown reward takes no part in the step's mean.
+    """
+    return {"num_tokens": int(sum(int(mb.loss_mask.sum()) for mb in mbs)),
+            "num_seqs": int(sum(int((mb.loss_mask.sum(dim=1) > 0).sum()) for mb in mbs)), "max_len": max_new_tokens}
+
+
+class NonFiniteError(GroupRLError, FloatingPointError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient norm."""
+
+
+class SkipGuard:
+    """Counts optimizer steps skipped for a non-finite loss / gradient norm; stops the run after
+    ``max_consecutive`` in a row (a single bad batch is survivable, a diverged run is not)."""
+
+    def __init__(self, max_consecutive: int, total: int = 0) -> None:
+        self.max_consecutive, self.total, self.consecutive = max_consecutive, total, 0
+
+    def check(self, update: dict[str, Any], step: int) -> None:
+        """Read ``skipped`` / ``skip_reason`` of an ``optimizer_step`` result; add ``skipped_steps``."""
+        skipped, reason = bool(update.pop("skipped", 0.0)), update.pop("skip_reason", "")
+        self.update(skipped, step, reason)
+        update["skipped_steps"] = float(self.total)
+
+    def update(self, skipped: bool, step: int, detail: str) -> None:
+        self.total += int(skipped)
+        self.consecutive = self.consecutive + 1 if skipped else 0
+        if skipped and self.consecutive >= self.max_consecutive:
+            raise NonFiniteError(
+                f"optimizer step {step}: {detail} for {self.consecutive} consecutive steps "
+                f"(max_consecutive_skips={self.max_consecutive}); {self.total} step(s) skipped in all. Likely "
+                f"causes: a learning rate too high (lower learning_rate or max_grad_norm), fp16/bf16 overflow "
+                f"(load the model in float32, bf16=false), or a reward function returning huge values.")
+
+
+def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: Any, scheduler: Any,
+                   timers: Any) -> dict[str, float]:
+    """Accumulate the micro-batch gradients (normalised by the whole step's totals), clip, step.
+
+    ``ctx`` carries ``cfg``, ``model`` and ``autocast`` (a ``grouprl.train.round.RunContext``).
+    A step whose loss or gradient norm is not finite is skipped: its gradients are dropped, neither the
+    optimizer nor the learning-rate schedule moves (the schedule counts applied updates), and the result
+    has ``skipped = 1.0`` and ``skip_reason``; the caller still advances its step counter, so the data
+    order and the round structure stay those of a run without the skip.
+    """
+    cfg = ctx.cfg
+    mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
+    totals = step_totals(mbs, cfg.max_new_tokens)
+    acc: dict[str, torch.Tensor] = {}
+    finite_loss: Any = True  # a device tensor after the first micro-batch: no host sync inside the loop
+    with timers("policy_fwd_bwd"):
+        for mb in mbs:
+            with ctx.autocast():
+                loss, sums = micro_batch_loss(ctx.model, mb, spec, totals)
+            loss.backward()
+            finite_loss = torch.isfinite(loss.detach()) & finite_loss
+            combine(acc, sums)
+    with timers("optimizer"):
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = scheduler.get_last_lr()[0]
+        finite_loss = bool(finite_loss)  # one host sync per step
+        skipped = not (finite_loss and bool(torch.isfinite(grad_norm)))
+        if not skipped:
+            optimizer.step()
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    out = {k: float(v) for k, v in acc.items()}
+    out.setdefault("kl", float("nan"))  # no reference model when kl_coef = 0
+    seq_tokens = sum(int(mb.prompt_mask.sum() + mb.completion_mask.sum()) for mb in mbs)
+    out.update({"grad_norm": float(grad_norm), "lr": lr, "num_tokens": float(totals["num_tokens"]),
+                "seq_tokens": float(seq_tokens), "skipped": float(skipped)})
+    if skipped:
+        out["skip_reason"] = "non-finite loss" if not finite_loss else "non-finite gradient norm"
     return out

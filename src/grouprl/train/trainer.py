@@ -102,7 +102,8 @@ class GRPOTrainer:
         A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
         earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
         which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``)."""
-        from grouprl.train.loop import save_final, train
+        from grouprl.train.loop import train
+        from grouprl.train.model import save_final
         from grouprl.train.output_dir import prepare_output_dir
 
         cfg = self.config
@@ -121,26 +122,19 @@ class GRPOTrainer:
 
     def save_model(self, path: str | Path) -> Path:
         """``save_pretrained`` the model (an adapter for LoRA runs) and the tokenizer into ``path``."""
-        from grouprl.train.loop import save_final
+        from grouprl.train.model import save_final
 
         return save_final(self.model, self.tokenizer, path)
 
     def evaluate(self, **overrides: Any) -> dict[str, Any]:
-        """Held-out accuracy of the current model (greedy unless ``temperature`` > 0)."""
-        from grouprl.rollout import make_backend
-        from grouprl.train.evaluate import evaluate
+        """Held-out accuracy of the current model, as the in-training evaluation computes it (the recipe's
+        eval settings; ``temperature``, ``num_samples``, ``ks`` override them)."""
+        from grouprl.train.evaluate import evaluate_model
 
-        cfg = self.config
         if self.eval_dataset is None:
             raise ConfigError("no eval split: set eval_split and dataset, or pass eval_dataset=.")
-        params = dict(prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt,
-                      max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
-                      max_prompt_length=cfg.max_prompt_length, temperature=cfg.eval_temperature,
-                      num_samples=cfg.eval_num_samples, batch_size=cfg.eval_batch_size)
-        params.update(overrides)
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
-        backend = make_backend(cfg.rollout_backend, self.model, self.tokenizer)
-        return evaluate(backend, self.tokenizer, rows, self.eval_reward_func, **params)
+        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, **overrides)
 
 
 def _tokenizer_for(source: Any, processing_class: Any):

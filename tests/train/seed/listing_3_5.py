@@ -1,4 +1,4 @@
-# Listing 3.5 of /work/shared/seeds/000_a909f20bd43a8461.txt, verbatim except the import line
+# A TRL-style GRPO quick-start script (listing 3.5 of the project brief), verbatim except the import line
 # (`from trl import ...` -> `from grouprl import ...`). tests/train/test_seed_listing.py executes it with a
 # model, a tokenizer and a dataset in scope, and with output paths and sizes made small.
 # ruff: noqa

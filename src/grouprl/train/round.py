@@ -1,0 +1,203 @@
+"""One generation round: sample G completions per prompt, score them, dynamic sampling, advantages, and
+the micro-batches (with their fixed reference / old log-probs) that the round's optimizer steps consume.
+
+Dynamic sampling follows DAPO (arXiv:2503.14476, Sec. 3.2): groups whose rewards all agree carry no
+learning signal under a group-relative advantage; ``drop`` removes them, ``resample`` draws more prompts
+until the batch holds B informative groups (or ``max_resample_rounds`` runs out).
+
+Shapes: B prompts, G completions each, N = B*G rows, T completion tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from grouprl.config import GRPOConfig
+from grouprl.data.load import render_prompt, reward_columns
+from grouprl.data.stream import PromptStream
+from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
+from grouprl.train.evaluate import completions_for_rewards
+from grouprl.train.metrics import Timers, round_metrics, round_samples
+from grouprl.train.model import Reference
+from grouprl.train.score import RewardScorer
+from grouprl.train.step import MicroBatch, batched_logps
+
+
+@dataclass
+class RunContext:
+    """What the round and the optimizer step need from the run (built once by ``loop.train``)."""
+
+    cfg: GRPOConfig
+    model: Any
+    tokenizer: Any
+    backend: Any
+    scorer: RewardScorer
+    advantage_fn: Any
+    reference: Reference | None
+    autocast: Any
+    rows: Any
+    step: int = 0
+    total_steps: int = 0
+    sampling: SamplingParams | None = None  # None: built from cfg
+
+
+@dataclass
+class Round:
+    """Everything the updates of one generation round need (saved in checkpoints taken mid-round)."""
+
+    micro_batches: list[MicroBatch]
+    metrics: dict[str, float]
+    samples: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class Scored:
+    """One sampled batch of B prompts x G completions and its rewards."""
+
+    rollout: Rollout
+    rewards: torch.Tensor  # [B,G] total, NaN = no opinion
+    components: list[list[float]]  # [N][F], NaN = that function returned None
+    prompts: list[Any]
+    columns: dict[str, list]
+
+
+@dataclass
+class RoundBatch:
+    """The groups a round trains on, after dynamic sampling (N = B*G rows, grouped)."""
+
+    rollout: Rollout
+    adv: torch.Tensor  # [N]
+    rewards: torch.Tensor | None = None  # [B,G] total, NaN = no opinion
+    components: list[list[float]] = field(default_factory=list)  # [N][F]
+
+
+def sampling_params(cfg: GRPOConfig) -> SamplingParams:
+    return SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
+
+
+def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
+    """Generate G completions for the rows ``idx`` and score them: ``rewards [B,G]``."""
+    cfg, G = ctx.cfg, ctx.cfg.num_generations
+    rows = [ctx.rows[int(i)] for i in idx]
+    params = ctx.sampling or sampling_params(cfg)
+    with timers("generate"):
+        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt) for r in rows]
+        with ctx.autocast():
+            rollout = ctx.backend.generate(texts, G, params)
+    with timers("reward"):
+        expanded = [r for r in rows for _ in range(G)]
+        prompts = [r[cfg.prompt_column] for r in expanded]
+        columns = reward_columns(expanded, cfg.prompt_column)
+        completions = completions_for_rewards(rollout.completions, prompts)
+        state = SimpleNamespace(global_step=ctx.step, max_steps=ctx.total_steps)
+        totals, components = ctx.scorer.score(prompts, completions, columns, trainer_state=state,
+                                               completion_ids=rollout.token_lists())
+    rewards = torch.tensor(totals, dtype=torch.float32).view(len(rows), G)
+    return Scored(rollout, rewards, components, prompts, columns)
+
+
+def zero_std_groups(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """[B] bool: groups with fewer than two known rewards, or whose known rewards have a population std
+    below ``eps`` -- the tolerance under which ``grpo`` advantages are exactly 0 (no learning signal).
+
+    NaN rewards (unknown) are left out. (To be replaced by ``grouprl.algo.advantages.zero_std_groups``.)
+    """
+    valid = ~torch.isnan(rewards)
+    n = valid.sum(dim=1)
+    r = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1).unsqueeze(1)
+    sq = torch.where(valid, r - mean, torch.zeros_like(r)) ** 2
+    std = (sq.sum(dim=1) / n.clamp(min=1)).sqrt()
+    return (n < 2) | (std < eps)
+
+
+def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
+    """Rollout, score, (dynamic sampling), advantages, and the fixed log-probs the updates need."""
+    first = sample_and_score(ctx, stream.next(), timers)
+    parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
+    batch = assemble(ctx, parts, keep)
+    metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout, batch.adv,
+                            zero_std_groups(first.rewards))
+    metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
+                    "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards).float().mean())})
+    mbs = micro_batches(ctx, batch, timers)
+    samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, batch.adv,
+                            ctx.cfg.num_completions_to_log)
+    return Round(mbs, metrics, samples)
+
+
+def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
+                  first: Scored) -> tuple[list[Scored], list[tuple[int, int]], int]:
+    """Dynamic sampling: the sampled parts, the (part, group) pairs kept, and the extra rounds drawn."""
+    cfg = ctx.cfg
+    parts, zero = [first], zero_std_groups(first.rewards)
+    B = first.rewards.shape[0]
+    keep = [(0, b) for b in range(B) if not zero[b]] if cfg.dynamic_sampling != "none" else [(0, b) for b in range(B)]
+    rounds = 0
+    while cfg.dynamic_sampling == "resample" and len(keep) < B and rounds < cfg.max_resample_rounds:
+        rounds += 1  # DAPO (arXiv:2503.14476, Sec. 3.2): over-sample until the batch holds informative groups
+        extra = sample_and_score(ctx, stream.next(), timers)
+        parts.append(extra)
+        keep += [(len(parts) - 1, b) for b in range(B) if not zero_std_groups(extra.rewards)[b]]
+    if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
+        keep += [(p, b) for p, s in enumerate(parts) for b in range(B) if (p, b) not in keep][:B - len(keep)]
+    keep = keep[:B]
+    if not keep:  # 'drop' removed every group: keep the batch (its advantages are all 0 anyway)
+        keep = [(0, b) for b in range(B)]
+    return parts, keep, rounds
+
+
+def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) -> RoundBatch:
+    """The kept groups as one batch; advantages per sampled part, so ``scale='group'`` sees whole groups
+    and ``scale='batch'`` the batch that was sampled."""
+    G = ctx.cfg.num_generations
+    rollouts, rewards, components, advs = [], [], [], []
+    for p, b in keep:
+        s = parts[p]
+        rows = list(range(b * G, (b + 1) * G))
+        rollouts.append(s.rollout.select(rows))
+        rewards.append(s.rewards[b])
+        components.extend(s.components[r] for r in rows)
+        advs.append(ctx.advantage_fn(s.rewards)[b])
+    adv = torch.stack(advs).reshape(-1).float()
+    rollout = concat_rollouts(rollouts, ctx.tokenizer.pad_token_id)
+    return RoundBatch(rollout, adv, torch.stack(rewards), components)
+
+
+def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[MicroBatch]:
+    """Split the round into ``effective_steps_per_generation`` micro-batches (each trimmed to its longest
+    completion) and attach the reference / old log-probs the loss needs."""
+    cfg, r = ctx.cfg, batch.rollout
+    device = r.completion_ids.device
+    loss_mask = r.completion_mask
+    if cfg.mask_truncated_completions:  # DAPO overlong filtering: truncated answers carry no signal
+        loss_mask = loss_mask * (~r.truncated).unsqueeze(1).long()
+    if batch.rewards is not None:  # unknown reward (missing_reward='exclude'): no loss, no KL, not counted
+        known = ~torch.isnan(batch.rewards.reshape(-1)).to(device)
+        loss_mask = loss_mask * known.unsqueeze(1).long()
+    adv = batch.adv.to(device)
+    chunks = [c.tolist() for c in np.array_split(np.arange(len(r)), cfg.effective_steps_per_generation)]
+    mbs = []
+    for c in chunks:
+        i = torch.as_tensor(c, dtype=torch.long, device=device)
+        T = max(int(r.completion_mask[i].sum(dim=1).max().item()) if len(c) else 1, 1)
+        mbs.append(MicroBatch(r.prompt_ids[i], r.prompt_mask[i], r.completion_ids[i][:, :T],
+                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i]))
+    if ctx.reference is not None:
+        with timers("ref_forward"), ctx.reference.context():
+            for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
+                mb.ref_logp = lp
+    if cfg.needs_old_logp:
+        # With mu = 1 the first optimizer step's micro-batches are scored before any update: their old
+        # log-probs are the current ones, which the loss takes as logp.detach() when old_logp is None.
+        first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0
+        with timers("old_logp_forward"):
+            moved = mbs[first:]
+            for mb, lp in zip(moved, batched_logps(ctx.model, moved, cfg.temperature, ctx.autocast)):
+                mb.old_logp = lp
+    return mbs
