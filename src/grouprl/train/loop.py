@@ -20,7 +20,6 @@ round, before it generates (and before each evaluation), not after every optimiz
 
 from __future__ import annotations
 
-import inspect
 import math
 from functools import partial
 from typing import Any
@@ -61,8 +60,9 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
     reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
-    spec = LossSpec(POLICY_LOSSES.get(cfg.policy_loss), cfg.loss_hparams(), AGGREGATIONS.get(cfg.loss_aggregation),
-                    KL_ESTIMATORS.get(cfg.kl_estimator), cfg.kl_coef, cfg.temperature)
+    fns = cfg.resolved()  # the exact functions and hyper-parameters the config names (no silent overrides)
+    spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
+                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
@@ -137,12 +137,9 @@ def plan_steps(cfg: GRPOConfig, num_rows: int) -> tuple[int, int, int]:
 
 
 def advantage_function(cfg: GRPOConfig):
-    """The registered estimator with the config's scaling, if it takes one, plus advantage_kwargs."""
-    fn = ADVANTAGES.get(cfg.advantage)
-    hp = dict(cfg.advantage_kwargs)
-    if "scale" in inspect.signature(fn).parameters:
-        hp.setdefault("scale", cfg.scale_rewards)
-    return partial(fn, **hp)
+    """The registered estimator with exactly the hyper-parameters ``cfg.resolved()`` gives it."""
+    fns = cfg.resolved()
+    return partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
 
 
 def should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:

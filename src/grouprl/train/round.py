@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grouprl.algo.advantages import zero_std_groups as algo_zero_std_groups
 from grouprl.config import GRPOConfig
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
@@ -101,19 +102,11 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     return Scored(rollout, rewards, components, prompts, columns)
 
 
-def zero_std_groups(rewards: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """[B] bool: groups with fewer than two known rewards, or whose known rewards have a population std
-    below ``eps`` -- the tolerance under which ``grpo`` advantages are exactly 0 (no learning signal).
-
-    NaN rewards (unknown) are left out. (To be replaced by ``grouprl.algo.advantages.zero_std_groups``.)
-    """
-    valid = ~torch.isnan(rewards)
-    n = valid.sum(dim=1)
-    r = torch.where(valid, rewards, torch.zeros_like(rewards)).double()
-    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1).unsqueeze(1)
-    sq = torch.where(valid, r - mean, torch.zeros_like(r)) ** 2
-    std = (sq.sum(dim=1) / n.clamp(min=1)).sqrt()
-    return (n < 2) | (std < eps)
+def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None) -> torch.Tensor:
+    """[B] bool: groups without learning signal, by ``grouprl.algo.zero_std_groups`` -- the very test
+    ``grpo`` uses to zero a group -- with the ``eps`` / ``std`` the advantage estimator was given."""
+    hp = {k: v for k, v in (advantage_hparams or {}).items() if k in ("eps", "std")}
+    return algo_zero_std_groups(rewards, **hp)
 
 
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
@@ -122,9 +115,9 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
     batch = assemble(ctx, parts, keep)
     metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout, batch.adv,
-                            zero_std_groups(first.rewards))
+                            zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs))
     metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
-                    "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards).float().mean())})
+                    "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float().mean())})
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, batch.adv,
                             ctx.cfg.num_completions_to_log)
@@ -135,7 +128,7 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
                   first: Scored) -> tuple[list[Scored], list[tuple[int, int]], int]:
     """Dynamic sampling: the sampled parts, the (part, group) pairs kept, and the extra rounds drawn."""
     cfg = ctx.cfg
-    parts, zero = [first], zero_std_groups(first.rewards)
+    parts, zero = [first], zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs)
     B = first.rewards.shape[0]
     keep = [(0, b) for b in range(B) if not zero[b]] if cfg.dynamic_sampling != "none" else [(0, b) for b in range(B)]
     rounds = 0
@@ -143,7 +136,7 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
         rounds += 1  # DAPO (arXiv:2503.14476, Sec. 3.2): over-sample until the batch holds informative groups
         extra = sample_and_score(ctx, stream.next(), timers)
         parts.append(extra)
-        keep += [(len(parts) - 1, b) for b in range(B) if not zero_std_groups(extra.rewards)[b]]
+        keep += [(len(parts) - 1, b) for b in range(B) if not zero_std_groups(extra.rewards, ctx.cfg.advantage_kwargs)[b]]
     if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
         keep += [(p, b) for p, s in enumerate(parts) for b in range(B) if (p, b) not in keep][:B - len(keep)]
     keep = keep[:B]
