@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from grouprl.errors import ConfigError, did_you_mean
 from grouprl.registry import REWARDS
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.accuracy import accuracy_reward
 from grouprl.rewards.efficiency import efficiency_reward
 from grouprl.rewards.format import format_reward
@@ -200,7 +201,16 @@ class AgentRewardFunction:
         return scores
 
 
+def _scores_code(args: tuple, kwargs: dict) -> bool:
+    """The call runs code tests (in their own sandbox, with their own limits): keep it in-process."""
+    config = kwargs.get("config", "default")
+    task = kwargs.get("task_type") or getattr(TEMPLATES.get(config) if isinstance(config, str) else config,
+                                             "task_type", None)
+    return task == "code"
+
+
 @REWARDS.register("composite")
+@time_limited(in_process=_scores_code)
 def composite_reward(
     completion: str,
     *,

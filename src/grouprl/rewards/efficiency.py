@@ -26,6 +26,7 @@ import re
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 
 _MARKUP = re.compile(r"</?[A-Za-z_][\w-]*>")
 
@@ -64,6 +65,7 @@ def ngram_repetition(text: str, n: int = 4) -> float:
 
 
 @REWARDS.register("efficiency")
+@time_limited
 def efficiency_reward(
     completion: str,
     expected_steps: int = 3,

@@ -32,6 +32,7 @@ import re
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.coherence import text_coherence
 
 _CALL_SYNTAX = re.compile(r"^[A-Za-z_][\w.]*\(.*\)$", re.S)
@@ -86,6 +87,7 @@ def _is_json_call(body: str) -> bool:
 
 
 @REWARDS.register("format")
+@time_limited
 def format_reward(
     completion: str,
     *,

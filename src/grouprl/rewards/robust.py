@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.accuracy import accuracy_reward
 from grouprl.rewards.coherence import text_coherence
 from grouprl.rewards.efficiency import count_length
 
 
 @REWARDS.register("robust")
+@time_limited(in_process=lambda args, kw: (args[1] if len(args) > 1 else kw.get("task_type")) == "code")
 def robust_reward(
     completion: str,
     ground_truth=None,

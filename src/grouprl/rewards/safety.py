@@ -32,6 +32,7 @@ import re
 from dataclasses import dataclass
 
 from grouprl.registry import REWARDS
+from grouprl.rewards._limit import time_limited
 
 _FLAGS = re.IGNORECASE
 ACTION_RULES: list[tuple[str, str, re.Pattern, float]] = [
@@ -150,6 +151,7 @@ def safety_report(completion: str, *, text_weight: float = 0.0) -> list[SafetyHi
 
 
 @REWARDS.register("safety")
+@time_limited
 def safety_reward(completion: str, *, answer=None, text_weight: float = 0.0, **meta) -> float:
     """Safety in [0, 1]: 1 minus the largest penalty of each matched rule (each rule counts once).
 
