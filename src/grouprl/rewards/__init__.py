@@ -17,6 +17,7 @@ efficiency     ``efficiency_reward``: steps, length (DAPO overlong option), repe
 safety         ``safety_reward`` (+ ``safety_report`` for the hits and their categories)
 robust         ``robust_reward``: accuracy with the seed's anti-hacking defences
 composite      ``composite_reward``: ``AgentRewardFunction`` total
+countdown      ``countdown_reward``: the expression uses each number once and reaches the target
 =============  ===========================================================================
 
 ``make_reward_func`` turns any of them into a TRL ``reward_funcs`` callable; ``compute_score`` is the
@@ -38,6 +39,7 @@ from grouprl.rewards.composite import (
     math_reward_config,
     retrieval_reward_config,
 )
+from grouprl.rewards.countdown import countdown_reward
 from grouprl.rewards.efficiency import dapo_overlong_penalty, efficiency_reward
 from grouprl.rewards.exact import exact_match_reward
 from grouprl.rewards.format import format_reward
@@ -61,6 +63,7 @@ __all__ = [
     "completion_text",
     "composite_reward",
     "compute_score",
+    "countdown_reward",
     "dapo_overlong_penalty",
     "efficiency_reward",
     "exact_match_reward",
