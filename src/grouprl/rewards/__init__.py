@@ -20,14 +20,23 @@ composite      ``composite_reward``: ``AgentRewardFunction`` total
 countdown      ``countdown_reward``: the expression uses each number once and reaches the target
 =============  ===========================================================================
 
-``make_reward_func`` turns any of them into a TRL ``reward_funcs`` callable; ``compute_score`` is the
-verl-style entry point. The public names are the seed's (section 5).
+``make_reward_func`` turns any of them -- and any user function in either form, per-sample or TRL's
+batch ``fn(prompts, completions, **kwargs) -> list`` (see ``reward_form``) -- into a TRL
+``reward_funcs`` callable; ``compute_score`` is the verl-style entry point.
 """
 
 from __future__ import annotations
 
 from grouprl.rewards.accuracy import accuracy_reward
-from grouprl.rewards.adapters import completion_text, compute_score, make_reward_func
+from grouprl.rewards.adapters import (
+    as_sample_reward,
+    batch_reward,
+    completion_text,
+    compute_score,
+    make_reward_func,
+    reward_form,
+    sample_reward,
+)
 from grouprl.rewards.coherence import text_coherence
 from grouprl.rewards.composite import (
     AgentRewardFunction,
@@ -59,6 +68,8 @@ __all__ = [
     "SafetyHit",
     "WeightSchedule",
     "accuracy_reward",
+    "as_sample_reward",
+    "batch_reward",
     "code_reward_config",
     "completion_text",
     "composite_reward",
@@ -75,9 +86,11 @@ __all__ = [
     "math_reward_config",
     "parse_tool_call",
     "retrieval_reward_config",
+    "reward_form",
     "robust_reward",
     "safety_report",
     "safety_reward",
+    "sample_reward",
     "text_coherence",
     "tool_call_reward",
 ]
