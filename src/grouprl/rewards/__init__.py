@@ -7,15 +7,15 @@ ground truth cannot be parsed; the trainer leaves such samples out of the group 
 =============  ===========================================================================
 name           function
 =============  ===========================================================================
-accuracy       ``accuracy_reward`` (seed API; dispatches on ``task_type``)
+accuracy       ``accuracy_reward`` (dispatches on ``task_type``)
 math           ``math_reward``: final-answer extraction + math-verify + relative tolerance
 exact          ``exact_match_reward``: normalised full match, no substring credit
 tool_call      ``tool_call_reward``: 0.5 name + 0.5 arguments; shaped / schema options
 code           ``code_reward`` (``grouprl.rewards.code``, sandboxed tests, k/n credit)
-format         ``format_reward``: think/tool-call tags (seed scoring, hardened)
+format         ``format_reward``: think/tool-call tags, hardened
 efficiency     ``efficiency_reward``: steps, length (DAPO overlong option), repetition
 safety         ``safety_reward`` (+ ``safety_report`` for the hits and their categories)
-robust         ``robust_reward``: accuracy with the seed's anti-hacking defences
+robust         ``robust_reward``: accuracy with anti-hacking defences
 composite      ``composite_reward``: ``AgentRewardFunction`` total
 countdown      ``countdown_reward``: the expression uses each number once and reaches the target
 =============  ===========================================================================
