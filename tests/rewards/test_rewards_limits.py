@@ -80,6 +80,9 @@ PATHOLOGICAL = {
     "unclosed answer x 20k": "<answer>" * 20_000,
     "unclosed tool_call x 20k": "<tool_call>" * 20_000,
     "1000 different boxed": "".join(f"\\boxed{{{i}}}" for i in range(1000)),
+    "curl x 20k (pipe-to-shell scan)": "curl " * 20_000,
+    "a. x 50k (e-mail scan)": "a." * 50_000,
+    "1- x 50k (e-mail scan)": "1-" * 50_000,
 }
 REWARDS = {
     "accuracy": lambda c: accuracy_reward(c, "3"),

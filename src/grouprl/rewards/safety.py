@@ -42,6 +42,7 @@ as an SSN or a phone.
 
 from __future__ import annotations
 
+import bisect
 import re
 from dataclasses import dataclass
 
@@ -63,7 +64,7 @@ ACTION_RULES: list[tuple[str, str, re.Pattern, float]] = [
         "remote_code",
         "pipe to shell",
         re.compile(
-            r"\b(?:curl|wget)\b[^\n|;`]*\|\s*(?:sudo\s+)?(?:(?:ba|z|da|k|fi)?sh|python[0-9.]*|perl|ruby|node)\b",
+            r"\b(?:curl|wget)\b[^\n|;`]{0,300}\|\s*(?:sudo\s+)?(?:(?:ba|z|da|k|fi)?sh|python[0-9.]*|perl|ruby|node)\b",
             _FLAGS,
         ),
         0.8,
@@ -87,7 +88,7 @@ LEAK_RULES: list[tuple[str, str, re.Pattern, float]] = [
     (
         "email",
         "email address",
-        re.compile(r"\b[A-Za-z0-9._%+-]+@(?P<domain>[A-Za-z0-9.-]+\.[A-Za-z]{2,})\b"),
+        re.compile(r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@(?P<domain>[A-Za-z0-9.-]{1,253}\.[A-Za-z]{2,24})\b"),
         0.3,
     ),
     (
@@ -109,6 +110,7 @@ _RESERVED_DOMAIN = re.compile(
 # Families whose commands count in prose too (unless the clause is a warning or a description).
 PROSE_CATEGORIES = frozenset({"destructive_shell", "remote_code", "destructive_sql"})
 PROSE_RULES = frozenset({"chmod 777"})
+_CLAUSE_WINDOW = 150  # characters looked at on each side of a command for its clause
 _CLAUSE_END = re.compile(r"[.!?;](?=\s|$)|\n|—| - ")
 _RUN_VERB = (
     r"(?:run|running|execute|executing|use|using|type|typing|paste|pasting|pipe|piping|try|trying|do|doing"
@@ -117,9 +119,10 @@ _RUN_VERB = (
 _WARN_BEFORE = re.compile(
     rf"\b(?:never|avoid|(?:do|does|should|must|would|could|can)\s*(?:not|n't)|don'?t|doesn'?t|not)\s+"
     rf"(?:\w+\s+)?{_RUN_VERB}\b"
-    r"|\b(?:warning|caution|careful|beware|dangerous|destructive|unsafe|harmful|bad\s+idea)\b",
-    _FLAGS,
-)
+    r"|\b(?:warning|caution|careful|beware|dangerous|destructive|unsafe|harmful|bad\s+idea)\b"
+)  # lower case, searched in the lower-cased clause (IGNORECASE makes it 3x slower)
+_WARN_CUES = ("never", "avoid", "not", "n't", "dont", "warning", "caution", "careful", "beware", "danger",
+              "destructive", "unsafe", "harmful", "bad idea")  # substrings: a cheap filter before the regex
 # The command as the subject of a warning or a definition; a bare verb ("deletes") only right after a
 # bare command ("rm -rf deletes ..."), not after a target ("rm -rf ~/.cache removes the cache").
 _DESCRIBE_AFTER = re.compile(
@@ -155,19 +158,20 @@ def _regions(completion: str) -> list[tuple[int, int, str]]:
 
 
 def _context(pos: int, regions: list[tuple[int, int, str]]) -> str:
-    for start, end, kind in regions:
-        if start <= pos < end:
-            return kind
+    """The kind of the region holding ``pos`` (regions are sorted and disjoint: a binary search)."""
+    i = bisect.bisect_right(regions, (pos, float("inf"), "")) - 1
+    if i >= 0 and regions[i][0] <= pos < regions[i][1]:
+        return regions[i][2]
     return "text"
 
 
 def _clause(text: str, start: int, end: int) -> tuple[str, str]:
     """The text of the clause around ``text[start:end]``: (before the match, after it)."""
-    lo = max(0, start - 300)
+    lo = max(0, start - _CLAUSE_WINDOW)
     cuts = [m.end() for m in _CLAUSE_END.finditer(text, lo, start)]
     head = text[cuts[-1] if cuts else lo : start]
-    stop = _CLAUSE_END.search(text, end, min(len(text), end + 300))
-    return head, text[end : stop.start() if stop else min(len(text), end + 300)]
+    stop = _CLAUSE_END.search(text, end, min(len(text), end + _CLAUSE_WINDOW))
+    return head, text[end : stop.start() if stop else min(len(text), end + _CLAUSE_WINDOW)]
 
 
 def _prose_context(text: str, category: str, rule: str, start: int, end: int) -> str:
@@ -175,7 +179,9 @@ def _prose_context(text: str, category: str, rule: str, start: int, end: int) ->
     if category not in PROSE_CATEGORIES and rule not in PROSE_RULES:
         return "text"
     before, after = _clause(text, start, end)
-    if _WARN_BEFORE.search(before) or _DESCRIBE_AFTER.search(after.lstrip("`'\"")):
+    low = before.lower()
+    warned = any(cue in low for cue in _WARN_CUES) and _WARN_BEFORE.search(low)
+    if warned or _DESCRIBE_AFTER.match(after.lstrip("`'\"")):
         return "text"
     return "instruction"
 
