@@ -6,6 +6,11 @@ plain final text, with think blocks (some opened by the chat template), tool cal
 wrong answers; 8 completions per prompt share a gold answer, as in GRPO groups. The code reward runs
 programs in the sandbox and is benchmarked with it, not here.
 
+``pathological`` times one call of each reward on inputs built to be slow: 20,000 unclosed
+``\\boxed{``, 20,000 nested ``\\boxed{`` (and 100,000 nested braces), 20,000 unclosed ``<answer>``,
+and 1 MB of digits after "Answer:". Every figure should stay far below the 5 s time limit (a
+completion longer than 20,000 characters is scored in the killable worker process).
+
     .venv/bin/python benchmarks/rewards_throughput.py [--n 10000]
 """
 
@@ -86,6 +91,28 @@ def make_samples(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
     return out
 
 
+PATHOLOGICAL = {
+    "unclosed_boxed_20k": "\\boxed{" * 20_000,
+    "nested_boxed_20k": "\\boxed{" * 20_000 + "}" * 20_000,
+    "nested_braces_100k": "{" * 100_000 + "}" * 100_000,
+    "unclosed_answer_20k": "<answer>" * 20_000,
+    "digits_1mb": "Answer: " + "1" * 1_000_000,
+}
+
+
+def time_pathological(funcs: dict) -> dict:
+    """Seconds of one call of each reward on each pathological completion (the worker started first)."""
+    funcs["math"]("x" * 30_000, "3", "")  # start the worker outside the timings
+    out: dict = {}
+    for case, text in PATHOLOGICAL.items():
+        out[case] = {}
+        for name, fn in funcs.items():
+            start = time.perf_counter()
+            fn(text, "3", "calculator(expression='1')")
+            out[case][name] = round(time.perf_counter() - start, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=10_000)
@@ -140,6 +167,7 @@ def main() -> None:
                 "python": platform.python_version(),
                 "machine": platform.machine(),
                 "results": results,
+                "pathological_seconds": time_pathological(funcs),
             },
             indent=1,
         )

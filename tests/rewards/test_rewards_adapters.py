@@ -89,8 +89,8 @@ def test_structured_tool_calls_become_tool_call_blocks():
 
 def test_fixed_kwargs_and_per_sample_columns():
     f = make_reward_func("math", strict=True)
-    seed = "<think>S = 78.54</think><tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
-    assert f([seed], answer=["78.54"]) == [0.0]
+    worked = "<think>S = 78.54</think><tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
+    assert f([worked], answer=["78.54"]) == [0.0]
     g = make_reward_func("accuracy")
     out = g(
         ["Paris", "\\boxed{2}"],
@@ -124,16 +124,16 @@ def test_composite_uses_trainer_progress_for_the_schedule():
 
 
 def test_composite_by_name_with_template_and_schedule():
-    seed = (
+    worked = (
         "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
         "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
     )
-    assert make_reward_func("composite", config="math")([seed], answer=["78.54"]) == [pytest.approx(0.97)]
+    assert make_reward_func("composite", config="math")([worked], answer=["78.54"]) == [pytest.approx(0.97)]
     f = make_reward_func("composite", schedule="format_first")
     start = SimpleNamespace(global_step=0, max_steps=100)
     # early weights 0.3 / 0.4 / 0.15 / 0.15: 0.3 * 1 + 0.4 * 0.8 + 0.15 + 0.15
-    assert f([seed], answer=["78.54"], trainer_state=start) == [pytest.approx(0.92)]
-    assert f([seed], answer=["78.54"]) == [pytest.approx(0.96)]  # no progress known: the config's weights
+    assert f([worked], answer=["78.54"], trainer_state=start) == [pytest.approx(0.92)]
+    assert f([worked], answer=["78.54"]) == [pytest.approx(0.96)]  # no progress known: the config's weights
 
 
 def test_user_callables_get_only_the_arguments_they_accept():
@@ -213,11 +213,11 @@ def test_verl_compute_score(data_source, solution, truth, extra, expected):
 def test_verl_compute_score_options():
     from grouprl.errors import ConfigError
 
-    seed = "<think>S = 78.54</think><tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
-    assert compute_score("gsm8k", seed, "78.54", {"reward_kwargs": {"strict": True}}) == 0.0
-    assert compute_score("gsm8k", seed, "78.54") == 1.0
+    worked = "<think>S = 78.54</think><tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
+    assert compute_score("gsm8k", worked, "78.54", {"reward_kwargs": {"strict": True}}) == 0.0
+    assert compute_score("gsm8k", worked, "78.54") == 1.0
     with pytest.raises(ConfigError, match="Did you mean 'strict'"):
-        compute_score("gsm8k", seed, "78.54", {"reward": "math", "reward_kwargs": {"strikt": True}})
+        compute_score("gsm8k", worked, "78.54", {"reward": "math", "reward_kwargs": {"strikt": True}})
 
 
 def test_batch_capable_rewards_are_called_once_with_column_lists():

@@ -6,7 +6,7 @@ import json
 
 from grouprl.cli import main
 
-SEED = (
+WORKED = (
     "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
     "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
 )
@@ -22,7 +22,7 @@ def _samples(tmp_path):
     return _write(
         tmp_path,
         [
-            json.dumps({"completion": SEED, "answer": "78.54", "gid": 1}),
+            json.dumps({"completion": WORKED, "answer": "78.54", "gid": 1}),
             json.dumps({"completion": "\\boxed{78.54}", "answer": "78.54", "gid": 1}),
             '{"completion": "broken", "answer": ',
             json.dumps({"completion": "no idea", "answer": "3", "gid": 2}),
@@ -40,7 +40,7 @@ def test_composite_table_summary_and_line_errors(tmp_path, capsys, monkeypatch):
     assert "line 3: invalid JSON" in err and "line 6: expected a JSON object with a 'completion' field" in err
     for header in ("accuracy", "format", "efficiency", "safety", "total"):
         assert header in out
-    # line 1 is the seed example: 1.0, 0.8, 1.0, 1.0 -> 0.96
+    # line 1 is the worked example: 1.0, 0.8, 1.0, 1.0 -> 0.96
     assert "1.0000 │ 0.8000 │     1.0000 │ 1.0000 │ 0.9600" in out
     assert "zero-std groups: 1/2 (50.0%)" in out  # group 2 (both wrong, 0.3 each) ties; group 1 does not
 

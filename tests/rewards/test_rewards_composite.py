@@ -18,7 +18,7 @@ from grouprl.rewards import (
     robust_reward,
 )
 
-SEED = (
+WORKED = (
     "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
     "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
 )
@@ -26,11 +26,11 @@ REASON = "The radius is 5, so the area is pi times 25, which is about 78.54."
 GIBBERISH = "asdkj qwoeiu zmxncb poiqwe lkjasd mnbzxc qweoiu asdlkj"
 
 
-def test_seed_worked_example_with_corrected_total():
+def test_worked_example_total():
     fn = AgentRewardFunction(
         RewardConfig(accuracy_weight=0.50, format_weight=0.20, efficiency_weight=0.15, safety_weight=0.15)
     )
-    result = fn(completion=SEED, ground_truth="78.54", task_type="math")
+    result = fn(completion=WORKED, ground_truth="78.54", task_type="math")
     assert set(result) == {"accuracy", "format", "efficiency", "safety", "total"}
     assert result["accuracy"] == 1.0
     assert result["format"] == 0.8
@@ -40,7 +40,7 @@ def test_seed_worked_example_with_corrected_total():
     assert result["total"] == pytest.approx(0.96)
 
 
-def test_templates_and_their_totals_on_the_seed_example():
+def test_templates_and_their_totals_on_the_worked_example():
     assert math_reward_config.weights() == {
         "accuracy": 0.6,
         "format": 0.15,
@@ -60,16 +60,16 @@ def test_templates_and_their_totals_on_the_seed_example():
         "safety": 0.2,
     }
     # 0.6 * 1 + 0.15 * 0.8 + 0.15 * 1 + 0.10 * 1
-    assert AgentRewardFunction(math_reward_config)(SEED, "78.54")["total"] == pytest.approx(0.97)
-    assert composite_reward(SEED, answer="78.54", config="math") == pytest.approx(0.97)
-    assert composite_reward(SEED, answer="78.54") == pytest.approx(0.96)
+    assert AgentRewardFunction(math_reward_config)(WORKED, "78.54")["total"] == pytest.approx(0.97)
+    assert composite_reward(WORKED, answer="78.54", config="math") == pytest.approx(0.97)
+    assert composite_reward(WORKED, answer="78.54") == pytest.approx(0.96)
 
 
 def test_missing_and_unparseable_ground_truth():
     fn = AgentRewardFunction()
-    # no ground truth: the seed's neutral 0.5 -> 0.5 * 0.5 + 0.2 * 0.8 + 0.15 + 0.15
-    assert fn(SEED, None)["total"] == pytest.approx(0.71)
-    out = fn(SEED, "???")
+    # no ground truth: the neutral 0.5 -> 0.5 * 0.5 + 0.2 * 0.8 + 0.15 + 0.15
+    assert fn(WORKED, None)["total"] == pytest.approx(0.71)
+    out = fn(WORKED, "???")
     assert out["accuracy"] is None and out["total"] is None and out["format"] == 0.8
 
 
@@ -107,9 +107,9 @@ def test_format_first_schedule():
     assert sched.at(0.5).weights() == pytest.approx(RewardConfig().weights())
     assert sched.at(7.0).weights() == pytest.approx(RewardConfig().weights())
     fn = AgentRewardFunction(RewardConfig(), schedule=sched)
-    # seed example: early 0.3 * 1 + 0.4 * 0.8 + 0.15 + 0.15 = 0.92; late 0.96
-    assert fn(SEED, "78.54", progress=0.0)["total"] == pytest.approx(0.92)
-    assert fn(SEED, "78.54", progress=1.0)["total"] == pytest.approx(0.96)
+    # worked example: early 0.3 * 1 + 0.4 * 0.8 + 0.15 + 0.15 = 0.92; late 0.96
+    assert fn(WORKED, "78.54", progress=0.0)["total"] == pytest.approx(0.92)
+    assert fn(WORKED, "78.54", progress=1.0)["total"] == pytest.approx(0.96)
     # a correct answer with no format: early 0.3 + 0.3 = 0.6, late 0.5 + 0.3 = 0.8
     assert fn("\\boxed{78.54}", "78.54", progress=0.0)["total"] == pytest.approx(0.6)
     assert fn("\\boxed{78.54}", "78.54", progress=1.0)["total"] == pytest.approx(0.8)

@@ -8,7 +8,7 @@ from grouprl.rewards import efficiency_reward, format_reward, safety_report, saf
 from grouprl.rewards._text import sentences
 from grouprl.rewards.efficiency import count_length, dapo_overlong_penalty, ngram_repetition
 
-SEED = (
+WORKED = (
     "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
     "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
 )
@@ -19,7 +19,7 @@ GIBBERISH = "asdkj qwoeiu zmxncb poiqwe lkjasd mnbzxc qweoiu asdlkj"
 @pytest.mark.parametrize(
     "completion, kwargs, expected",
     [
-        (SEED, {}, 0.8),  # 0.2 think pair + 0.2 content >= 20 chars + 0.2 tool pair + 0.2 name(args)
+        (WORKED, {}, 0.8),  # 0.2 think pair + 0.2 content >= 20 chars + 0.2 tool pair + 0.2 name(args)
         ("<think>short</think>", {}, 0.2),
         (f"<think>{REASON}</think> 78.54", {}, 0.4),
         (f"<think>{REASON}</think> 78.54", {"direct_answer_credit": True}, 0.8),
@@ -57,7 +57,7 @@ class _CharTokenizer:
 @pytest.mark.parametrize(
     "completion, kwargs, expected",
     [
-        (SEED, {}, 1.0),  # 1 call <= 3, 19 words <= 512, 4 distinct sentences, < 20 4-grams
+        (WORKED, {}, 1.0),  # 1 call <= 3, 19 words <= 512, 4 distinct sentences, < 20 4-grams
         (_calls(3), {}, 1.0),
         (_calls(5), {}, 0.8),  # 0.1 * (5 - 3)
         (_calls(10), {}, 0.5),  # 0.1 * 7 capped at 0.5
@@ -65,7 +65,7 @@ class _CharTokenizer:
         (" ".join(f"w{i}" for i in range(2000)), {}, 0.7),  # length penalty capped at 0.3
         ("abcdefghij" * 60, {"tokenizer": _CharTokenizer()}, 1 - 0.3 * 88 / 512),  # 600 tokens
         ("abcdefghij" * 60, {}, 1.0),  # one word without a tokenizer
-        # 4 x "The cat sat" + 1 other: 2/5 distinct < 70 % -> -0.2 (the seed did not split on English ".")
+        # 4 x "The cat sat" + 1 other: 2/5 distinct < 70 % -> -0.2 (needs the split on English ".")
         ("The cat sat. " * 4 + "Dogs bark loudly.", {}, 0.8),
         ("我们计算面积。" * 4 + "答案是七十八。", {"ngram_penalty": 0}, 0.8),
         # DAPO soft overlong: L_max 400, L_cache 100, 350 words -> (350 - 300) / 100 = 0.5
@@ -83,7 +83,7 @@ def test_efficiency_reward(completion, kwargs, expected):
 
 def test_efficiency_helpers():
     assert (
-        count_length(SEED) == 19
+        count_length(WORKED) == 19
     )  # 8 CJK characters + S π r² π 5² 78.54 + calculator expression 3.14159 5 2
     assert count_length("<think>two words</think>") == 2  # markup tags are not words
     assert sentences("S = 78.54 and r = 5. Done now!") == ["S = 78.54 and r = 5", "Done now"]
@@ -95,7 +95,7 @@ def test_efficiency_helpers():
 @pytest.mark.parametrize(
     "completion, kwargs, expected",
     [
-        (SEED, {}, 1.0),
+        (WORKED, {}, 1.0),
         ("<tool_call>shell(cmd='rm -rf /data')</tool_call>", {}, 0.2),
         ("```bash\nrm -fr ~/build\n```", {}, 0.2),
         ("Never run rm -rf / on a server: it deletes everything.", {}, 1.0),  # explanation, not action

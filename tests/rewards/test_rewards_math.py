@@ -10,7 +10,7 @@ import pytest
 from grouprl.rewards import accuracy_reward, extract_answer, math_reward
 from grouprl.rewards.math_answer import HEDGE, _risky, answers_match
 
-SEED = (
+WORKED = (
     "<think>\n需要计算圆的面积：S = π × r² = π × 5² ≈ 78.54\n</think>\n"
     "<tool_call>calculator(expression='3.14159 * 5**2')</tool_call>"
 )
@@ -19,10 +19,10 @@ SEED = (
 @pytest.mark.parametrize(
     "completion, strict, expected",
     [
-        # seed 5.3: no final-answer region (only a tool call after </think>) -> last number of the reasoning;
-        # the seed's last-number-of-the-whole-string listing gave "2" from the tool arguments.
-        (SEED, False, "78.54"),
-        (SEED, True, None),
+        # no final-answer region (only a tool call after </think>) -> last number of the reasoning;
+        # the last number of the whole string would be "2" from the tool arguments.
+        (WORKED, False, "78.54"),
+        (WORKED, True, None),
         ("<think>r = 5</think> The area is \\boxed{25\\pi}.", True, "25\\pi"),
         ("<think>so 7</think>\nAnswer: 42", True, "42"),
         ("<think>计算</think>答案：12", True, "12"),
@@ -58,10 +58,10 @@ def test_extract_answer(completion, strict, expected):
     assert extract_answer(completion, strict=strict) == expected
 
 
-def test_seed_example_accuracy_default_and_strict():
-    assert accuracy_reward(SEED, "78.54") == 1.0
-    assert accuracy_reward(SEED, "78.54", strict=True) == 0.0
-    assert math_reward(SEED, answer="2") == 0.0  # the tool-call argument "5**2" is never the answer
+def test_worked_example_accuracy_default_and_strict():
+    assert accuracy_reward(WORKED, "78.54") == 1.0
+    assert accuracy_reward(WORKED, "78.54", strict=True) == 0.0
+    assert math_reward(WORKED, answer="2") == 0.0  # the tool-call argument "5**2" is never the answer
 
 
 @pytest.mark.parametrize(

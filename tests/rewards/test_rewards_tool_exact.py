@@ -44,7 +44,7 @@ def test_parse_tool_call(text, expected):
         ("<tool_call>search(k=5, query='GRPO')</tool_call>", {}, 1.0),  # keyword order is irrelevant
         ('<tool_call>{"name": "search", "arguments": {"query": "GRPO", "k": 5.0}}</tool_call>', {}, 1.0),
         ("<tool_call>search(query='GRPO', k=3)</tool_call>", {}, 0.5),  # right name, wrong args
-        ("<tool_call>lookup(query='GRPO', k=5)</tool_call>", {}, 0.5),  # seed: args credit is independent
+        ("<tool_call>lookup(query='GRPO', k=5)</tool_call>", {}, 0.5),  # args credit is independent of the name
         ("<tool_call>lookup(q='x')</tool_call>", {}, 0.0),
         # shaped: keys {query,k} all present (0.5 * 1) + 1 of 2 values right (0.5 * 1/2) = 0.75 -> 0.5 + 0.5 * 0.75
         ("<tool_call>search(query='GRPO', k=3)</tool_call>", {"shaped": True}, 0.875),
@@ -106,7 +106,7 @@ def test_tool_call_unparseable_gold_is_none():
     assert tool_call_reward("<tool_call>f()</tool_call>", answer=None) is None
 
 
-def test_accuracy_dispatches_tool_call_like_the_seed():
+def test_accuracy_dispatches_tool_call():
     assert (
         accuracy_reward("<tool_call>search(query='GRPO', k=5)</tool_call>", GOLD, task_type="tool_call")
         == 1.0
@@ -141,7 +141,7 @@ def test_exact_match(completion, answer, kwargs, expected):
     assert exact_match_reward(completion, answer=answer, **kwargs) == expected
 
 
-def test_exact_match_no_ground_truth_and_seed_generic_branch():
+def test_exact_match_no_ground_truth_and_generic_branch():
     assert exact_match_reward("x", answer=None) is None
     assert exact_match_reward("x", answer="  ") is None
     assert accuracy_reward("Paris", "Paris", task_type="exact") == 1.0

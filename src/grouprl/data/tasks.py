@@ -5,7 +5,7 @@ Each task is a generator plus a reward recipe (the reward names a recipe should 
 | task          | prompt (a plain string)                                   | answer  | reward recipe            |
 | ------------- | --------------------------------------------------------- | ------- | ------------------------ |
 | ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
-| ``countdown`` | reach a target with + - * from given numbers               | target  | ``grouprl.data.tasks:countdown_reward`` |
+| ``countdown`` | reach a target with + - * from given numbers               | target  | ``countdown``            |
 
 Demonstrations (for the bundled SFT warm start, :mod:`grouprl.builtin.warmstart`) use the format
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
@@ -28,11 +28,8 @@ brings ~15 packages; our own generators are small and tunable, so we use them.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import random
-import re
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,9 +74,10 @@ class Task:
     make: Callable[..., dict[str, Any]]
     """``make(rng, **task_kwargs) -> row`` with at least ``prompt``, ``answer`` and ``key``."""
     reward_funcs: list[str]
-    """Reward names (or ``pkg.mod:fn`` plug-ins) a recipe should train on."""
+    """The task's default training rewards: REWARDS names (or ``pkg.mod:fn`` plug-ins). A trainer uses
+    them for ``dataset: builtin:<name>`` when the user sets no ``reward_funcs``."""
     eval_reward: str
-    """The reward whose mean is the held-out accuracy."""
+    """The task's default held-out reward (a REWARDS name): its mean is the held-out accuracy."""
     defaults: dict[str, Any] = field(default_factory=dict)
 
 
@@ -139,8 +137,12 @@ def _operands(rng: random.Random, op: str, max_value: int, max_factor: int) -> t
 # --------------------------------------------------------------------------- countdown
 
 
-def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int = 10) -> dict[str, Any]:
+def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int = 20) -> dict[str, Any]:
     """Numbers ``1..max_number``; the target is the value of a random expression that uses all of them.
+
+    With the defaults (3 numbers up to 20, targets up to 100) there are about 11,900 distinct train
+    and 1,280 held-out problems, enough for the default 5,000 / 200 rows (numbers up to 10 give only
+    about 2,260 train problems).
 
     The target is kept in ``1..100`` (the generator redraws otherwise), so every problem has a solution;
     the solution in ``work`` is one of possibly several that the reward accepts.
@@ -169,73 +171,16 @@ def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int 
     }
 
 
-_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.Add, ast.Sub, ast.Mult, ast.USub)
-
-
-def _safe_eval(expr: str) -> int | None:
-    """Value of an integer expression with + - * and brackets; ``None`` for anything else."""
-    if len(expr) > 200:
-        return None
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except (SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED_NODES):
-            return None
-        if isinstance(node, ast.Constant) and (type(node.value) is not int or node.value > 10**6):
-            return None
-    try:
-        value = eval(compile(tree, "<countdown>", "eval"), {"__builtins__": {}}, {})  # noqa: S307 (checked AST)
-    except (ArithmeticError, ValueError):
-        return None
-    return value if isinstance(value, int) else None
-
-
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S)
-_ANSWER_LINE_RE = re.compile(r"Answer:[ \t]*([^\n]*)")
-
-
-def countdown_reward(completion: str, *, numbers=None, target=None, answer=None, **meta) -> float | None:
-    """1.0 if the final expression uses each given number at most once and equals the target, else 0.0.
-
-    The expression is the last ``<answer>...</answer>`` block, or else the rest of the last
-    ``Answer:`` line (the built-in demonstrations' format; also what remains of a tokenizer whose
-    ``<answer>`` tags are special tokens when a trainer decodes with ``skip_special_tokens=True``).
-
-    >>> countdown_reward("<think>2+3=5, 5*4=20</think>Answer: (2+3)*4", numbers=[2, 3, 4], target=20)
-    1.0
-    >>> countdown_reward("<answer>(2+3)*4</answer>", numbers=[2, 3, 4], target=20)
-    1.0
-    >>> countdown_reward("Answer: 20", numbers=[2, 3, 4], target=20)   # just the target: a hack
-    0.0
-    >>> countdown_reward("Answer: 4*4+4", numbers=[2, 3, 4], target=20)  # a number used twice
-    0.0
-
-    Returns ``None`` (no opinion) when the row has no ``numbers`` or ``target``.
-    """
-    if isinstance(completion, list):  # chat format: score the last message
-        completion = completion[-1]["content"] if completion else ""
-    if numbers is None or (target is None and answer is None):
-        return None
-    goal = int(target if target is not None else answer)
-    found = _ANSWER_RE.findall(completion) or _ANSWER_LINE_RE.findall(completion)
-    if not found:
-        return 0.0
-    expr = found[-1].strip()
-    used = [int(tok) for tok in re.findall(r"\d+", expr)]
-    if not used or Counter(used) - Counter(int(n) for n in numbers):
-        return 0.0
-    return 1.0 if _safe_eval(expr) == goal else 0.0
-
+# The checked evaluator and the reward live in grouprl.rewards.countdown (registered as "countdown").
+from grouprl.rewards.countdown import countdown_reward as countdown_reward  # noqa: E402 (re-exported)
+from grouprl.rewards.countdown import safe_eval as _safe_eval  # noqa: E402
 
 # --------------------------------------------------------------------------- registry and loading
 
 TASKS: dict[str, Task] = {
     "arithmetic": Task("arithmetic", make_arithmetic, ["accuracy"], "accuracy"),
-    "countdown": Task(
-        "countdown", make_countdown, ["grouprl.data.tasks:countdown_reward"], "grouprl.data.tasks:countdown_reward"
-    ),
+    # accuracy would pay for repeating the target, which is in the prompt: countdown checks the expression
+    "countdown": Task("countdown", make_countdown, ["countdown"], "countdown"),
 }
 
 
@@ -250,8 +195,26 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def generate_rows(task: str, split: str, n: int | None = None, seed: int = 0, **task_kwargs) -> list[dict]:
-    """``n`` distinct problems of ``task`` for ``split`` (``"train"`` or ``"test"``), deterministic in ``seed``.
+def split_size(split: str, n: int | None = None, *, n_train: int | None = None, n_test: int | None = None) -> int:
+    """Rows of ``split``: ``n_train`` / ``n_test`` when given; else ``n`` for train and ``min(n, 200)``
+    for test (one ``dataset_kwargs: {n: 5000}`` sizes the training set without asking for 5,000
+    held-out problems); else the defaults (5,000 train, 200 test).
+
+    >>> split_size("train", 5000), split_size("test", 5000), split_size("test", 50), split_size("test", 5000, n_test=500)
+    (5000, 200, 50, 500)
+    """
+    own = n_train if split == "train" else n_test
+    if own is not None:
+        return int(own)
+    if n is None:
+        return DEFAULT_SIZES[split]
+    return int(n) if split == "train" else min(int(n), DEFAULT_SIZES[split])
+
+
+def generate_rows(task: str, split: str, n: int | None = None, seed: int = 0, *, n_train: int | None = None,
+                  n_test: int | None = None, **task_kwargs) -> list[dict]:
+    """Distinct problems of ``task`` for ``split`` (``"train"`` or ``"test"``), deterministic in ``seed``;
+    how many: :func:`split_size` of ``n``, ``n_train`` and ``n_test``.
 
     Rows keep the internal ``key`` and ``work`` fields (used by the SFT warm start); :func:`load_task`
     drops them.
@@ -259,7 +222,7 @@ def generate_rows(task: str, split: str, n: int | None = None, seed: int = 0, **
     spec = get_task(task)
     if split not in SPLIT_SEEDS:
         raise DataError(f"split must be 'train' or 'test', got {split!r}")
-    n = DEFAULT_SIZES[split] if n is None else int(n)
+    n = split_size(split, n, n_train=n_train, n_test=n_test)
     if n < 1:
         raise DataError(f"n must be a positive number of rows, got {n}")
     rng = random.Random(f"{task}|{split}|{seed}|{SPLIT_SEEDS[split]}")
@@ -283,16 +246,18 @@ def generate_rows(task: str, split: str, n: int | None = None, seed: int = 0, **
     return rows
 
 
-def load_task(task: str, split: str, n: int | None = None, seed: int = 0, **task_kwargs):
+def load_task(task: str, split: str, n: int | None = None, seed: int = 0, *, n_train: int | None = None,
+              n_test: int | None = None, **task_kwargs):
     """The built-in ``task`` as a ``datasets.Dataset`` with ``prompt`` and ``answer`` columns (+ task columns).
 
-    ``split`` is ``"train"`` (default 5,000 rows) or ``"test"`` (default 200 rows, held out).
+    ``split`` is ``"train"`` (default 5,000 rows) or ``"test"`` (default 200 rows, held out); ``n``,
+    ``n_train`` and ``n_test`` set the sizes (see :func:`split_size`).
     ``task_kwargs`` go to the generator (e.g. ``max_value=99`` for arithmetic, ``num_numbers=3`` for
     countdown). Same arguments, same rows, on any machine.
     """
     import datasets
 
-    rows = generate_rows(task, split, n=n, seed=seed, **task_kwargs)
+    rows = generate_rows(task, split, n=n, seed=seed, n_train=n_train, n_test=n_test, **task_kwargs)
     public = [{k: v for k, v in row.items() if k not in ("key", "work")} for row in rows]
     return datasets.Dataset.from_list(public)
 

@@ -7,26 +7,36 @@ ground truth cannot be parsed; the trainer leaves such samples out of the group 
 =============  ===========================================================================
 name           function
 =============  ===========================================================================
-accuracy       ``accuracy_reward`` (seed API; dispatches on ``task_type``)
+accuracy       ``accuracy_reward`` (dispatches on ``task_type``)
 math           ``math_reward``: final-answer extraction + math-verify + relative tolerance
 exact          ``exact_match_reward``: normalised full match, no substring credit
 tool_call      ``tool_call_reward``: 0.5 name + 0.5 arguments; shaped / schema options
 code           ``code_reward`` (``grouprl.rewards.code``, sandboxed tests, k/n credit)
-format         ``format_reward``: think/tool-call tags (seed scoring, hardened)
+format         ``format_reward``: think/tool-call tags, hardened
 efficiency     ``efficiency_reward``: steps, length (DAPO overlong option), repetition
 safety         ``safety_reward`` (+ ``safety_report`` for the hits and their categories)
-robust         ``robust_reward``: accuracy with the seed's anti-hacking defences
+robust         ``robust_reward``: accuracy with anti-hacking defences
 composite      ``composite_reward``: ``AgentRewardFunction`` total
+countdown      ``countdown_reward``: the expression uses each number once and reaches the target
 =============  ===========================================================================
 
-``make_reward_func`` turns any of them into a TRL ``reward_funcs`` callable; ``compute_score`` is the
-verl-style entry point. The public names are the seed's (section 5).
+``make_reward_func`` turns any of them -- and any user function in either form, per-sample or TRL's
+batch ``fn(prompts, completions, **kwargs) -> list`` (see ``reward_form``) -- into a TRL
+``reward_funcs`` callable; ``compute_score`` is the verl-style entry point.
 """
 
 from __future__ import annotations
 
 from grouprl.rewards.accuracy import accuracy_reward
-from grouprl.rewards.adapters import completion_text, compute_score, make_reward_func
+from grouprl.rewards.adapters import (
+    as_sample_reward,
+    batch_reward,
+    completion_text,
+    compute_score,
+    make_reward_func,
+    reward_form,
+    sample_reward,
+)
 from grouprl.rewards.coherence import text_coherence
 from grouprl.rewards.composite import (
     AgentRewardFunction,
@@ -38,6 +48,7 @@ from grouprl.rewards.composite import (
     math_reward_config,
     retrieval_reward_config,
 )
+from grouprl.rewards.countdown import countdown_reward
 from grouprl.rewards.efficiency import dapo_overlong_penalty, efficiency_reward
 from grouprl.rewards.exact import exact_match_reward
 from grouprl.rewards.format import format_reward
@@ -57,10 +68,13 @@ __all__ = [
     "SafetyHit",
     "WeightSchedule",
     "accuracy_reward",
+    "as_sample_reward",
+    "batch_reward",
     "code_reward_config",
     "completion_text",
     "composite_reward",
     "compute_score",
+    "countdown_reward",
     "dapo_overlong_penalty",
     "efficiency_reward",
     "exact_match_reward",
@@ -72,9 +86,11 @@ __all__ = [
     "math_reward_config",
     "parse_tool_call",
     "retrieval_reward_config",
+    "reward_form",
     "robust_reward",
     "safety_report",
     "safety_reward",
+    "sample_reward",
     "text_coherence",
     "tool_call_reward",
 ]

@@ -10,11 +10,17 @@ over its stdin/stdout. It is independent of ``multiprocessing`` start methods, s
 the user's ``__main__`` (a training script without an ``if __name__ == "__main__"`` guard is safe).
 It is started lazily, reused, killed on timeout and restarted on the next call. Memory is capped with
 ``RLIMIT_AS`` so a runaway expression cannot take the trainer's RAM.
+
+``time_limited`` puts a whole reward under its ``time_limit``: a completion longer than
+``INPROCESS_CHARS`` is scored in the worker (answer extraction, regexes and all), not only the
+comparison of the extracted answer. Inside the worker, nested limited calls run directly: the outer
+limit already covers them.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import pickle
@@ -23,9 +29,14 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 _MEMORY_LIMIT = 2 * 1024**3
+INPROCESS_CHARS = 20_000
+"""Completions up to this many characters are scored in-process (no round trip); longer ones in the worker."""
+DEFAULT_TIME_LIMIT = 5.0
+_IN_WORKER = False
 
 
 class _Worker:
@@ -117,11 +128,81 @@ def call_with_limit(target: str, args: tuple, timeout: float) -> tuple[bool, Any
     """Call ``target`` ("package.module:function") with ``args`` in the worker, at most ``timeout`` s.
 
     Returns ``(True, result)``, or ``(False, reason)`` on timeout, crash or exception (never raises).
+    Inside the worker it calls ``target`` directly (the caller's limit already covers it).
     """
+    if _IN_WORKER:
+        try:
+            return True, _import(target)(*args)
+        except Exception as e:  # noqa: BLE001 - same contract as the worker: report, never raise
+            return False, f"{type(e).__name__}: {e}"
     return _WORKER.call(target, args, timeout)
 
 
+def _import(target: str) -> Callable:
+    module, _, name = target.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _apply(target: str, args: tuple, kwargs: dict) -> tuple[str, Any]:
+    """Worker side of ``time_limited``: ("ok", value) or ("error", exception) so the caller can re-raise."""
+    try:
+        return "ok", _import(target)(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - handed back to the caller
+        try:
+            pickle.dumps(e)
+        except Exception:  # noqa: BLE001
+            e = RuntimeError(f"{type(e).__name__}: {e}")
+        return "error", e
+
+
+def time_limited(fn: Callable | None = None, *, fallback: float | None = 0.0, in_process: Callable | None = None):
+    """Decorate a reward ``fn(completion, ...)`` so that a long completion is scored in the killable
+    worker under ``time_limit`` seconds (the call's ``time_limit=`` keyword, default 5). On timeout the
+    score is ``fallback`` (0.0: an answer that cannot be read in time is not credited). Short
+    completions, and keyword values that cannot be pickled (a tokenizer object), run in-process.
+    Errors raised by the reward (e.g. ``ConfigError`` for a bad option) reach the caller either way.
+    ``in_process(args, kwargs) -> bool``: calls that must stay here (code tests run in their own
+    sandbox, which has its own limits).
+    """
+    if fn is None:
+        return functools.partial(time_limited, fallback=fallback, in_process=in_process)
+    target = f"{fn.__module__}:{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def limited(completion, *args, **kwargs):
+        if (
+            _IN_WORKER
+            or not isinstance(completion, str)
+            or len(completion) <= INPROCESS_CHARS
+            or (in_process is not None and in_process(args, kwargs))
+        ):
+            return fn(completion, *args, **kwargs)
+        try:
+            payload = (target, (completion, *args), kwargs)
+            pickle.dumps(payload)
+        except Exception:  # noqa: BLE001 - unpicklable options: no worker, run here
+            return fn(completion, *args, **kwargs)
+        limit = kwargs.get("time_limit", DEFAULT_TIME_LIMIT)
+        ok, value = _WORKER.call("grouprl.rewards._limit:_apply", payload, float(limit))
+        if not ok:
+            return fallback
+        status, result = value
+        if status == "error":
+            if isinstance(result, (MemoryError, RecursionError)):
+                return fallback  # the worker's memory cap, or nesting too deep to read: not credited
+            raise result
+        return result
+
+    return limited
+
+
 def _serve() -> None:
+    global _IN_WORKER
+    _IN_WORKER = True  # this module runs as __main__; the rewards import it under its own name:
+    importlib.import_module("grouprl.rewards._limit")._IN_WORKER = True
     try:
         import resource
 
@@ -136,8 +217,7 @@ def _serve() -> None:
         (size,) = struct.unpack("<I", header)
         target, args = pickle.loads(stdin.read(size))
         try:
-            module, _, name = target.partition(":")
-            result = (True, getattr(importlib.import_module(module), name)(*args))
+            result = (True, _import(target)(*args))
         except BaseException as e:  # noqa: BLE001 - report every failure to the parent
             result = (False, f"{type(e).__name__}: {e}")
         out = pickle.dumps(result)

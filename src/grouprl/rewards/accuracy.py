@@ -1,4 +1,4 @@
-"""``accuracy_reward``: the seed's entry point, one function per task type.
+"""``accuracy_reward``: one entry point, one function per task type.
 
 =============  =============================================================================
 task_type      function
@@ -6,7 +6,7 @@ task_type      function
 ``math``       ``math_reward`` (final-answer extraction + math-verify + relative tolerance)
 ``code``       ``grouprl.rewards.code.code_reward`` with ``ground_truth`` as the tests (k/n credit)
 ``tool_call``  ``tool_call_reward`` (0.5 name + 0.5 exact arguments)
-``exact``      ``exact_match_reward`` (normalised full match; the seed's generic branch)
+``exact``      ``exact_match_reward`` (normalised full match; the generic branch)
 =============  =============================================================================
 """
 

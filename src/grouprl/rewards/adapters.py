@@ -12,6 +12,17 @@ results become NaN. ``make_reward_func`` returns exactly that kind of callable (
 ``solution``) becomes the per-sample ``answer=``; the other columns are passed by name. Training
 progress (``trainer_state.global_step / max_steps``) is passed as ``progress=`` to rewards that take it,
 so a ``WeightSchedule`` works under TRL.
+
+Two forms of reward function are accepted everywhere (a Python callable, a REWARDS name, a
+``pkg.mod:fn`` plug-in); :func:`reward_form` decides by one rule:
+
+1. ``@batch_reward`` / ``@sample_reward`` on the function say it explicitly;
+2. else a parameter named ``completions`` means the **batch** form, TRL's
+   ``fn(prompts, completions, **kwargs) -> list[float | None]`` (dataset columns come as lists);
+3. else a first positional parameter (not ``prompts``) means the **per-sample** form,
+   ``fn(completion, *, answer=None, **meta) -> float | None``;
+4. anything else (``fn(**kwargs)``, ``fn(*args)``, ``fn(prompts, responses)``) is a ConfigError that
+   shows both forms.
 """
 
 from __future__ import annotations
@@ -25,6 +36,13 @@ from typing import Any
 from grouprl.errors import ConfigError, GroupRLError, RewardError, did_you_mean
 from grouprl.registry import REWARDS
 
+BATCH, SAMPLE = "batch", "sample"
+FORMS = (
+    "A reward function takes one of two forms: per-sample `fn(completion, *, answer=None, **meta) -> float | None` "
+    "(its first parameter is the completion text), or batch, TRL's `fn(prompts, completions, **kwargs) -> list` "
+    "(it has a parameter named `completions`; dataset columns come as lists). Mark a function whose signature "
+    "says neither with @grouprl.rewards.batch_reward or @grouprl.rewards.sample_reward."
+)
 ANSWER_ALIASES = ("answer", "ground_truth", "solution")
 _TRAINER_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
 
@@ -146,6 +164,90 @@ class RewardFunc:
         return [None if s is None else float(s) for s in scores]
 
 
+def batch_reward(fn: Callable) -> Callable:
+    """Mark ``fn`` as a batch reward, TRL's ``fn(prompts, completions, **kwargs) -> list``."""
+    fn.reward_form = BATCH
+    return fn
+
+
+def sample_reward(fn: Callable) -> Callable:
+    """Mark ``fn`` as a per-sample reward, ``fn(completion, *, answer=None, **meta) -> float | None``."""
+    fn.reward_form = SAMPLE
+    return fn
+
+
+def reward_form(fn: Callable, name: str | None = None) -> str:
+    """``"batch"`` or ``"sample"`` by the rule in the module docstring; ConfigError when it cannot tell.
+
+    >>> reward_form(lambda prompts, completions, **kw: [1.0] * len(completions)), reward_form(lambda completion: 1.0)
+    ('batch', 'sample')
+    """
+    marked = getattr(fn, "reward_form", None)
+    if marked in (BATCH, SAMPLE):
+        return marked
+    name = name or getattr(fn, "__name__", type(fn).__name__)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"reward {name!r}: cannot read its signature ({e}). {FORMS}") from e
+    params = list(sig.parameters.values())
+    named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if any(p.name == "completions" for p in named):
+        return BATCH
+    positional = [p for p in named if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if positional and positional[0].name not in ("prompts", "prompt"):
+        return SAMPLE
+    raise ConfigError(f"reward {name!r} has the signature {name}{sig}, which is neither form. {FORMS}")
+
+
+class BatchRewardFunc:
+    """A batch reward (TRL's signature) with fixed options and checked output (see the module docstring)."""
+
+    def __init__(self, fn: Callable, name: str, kwargs: dict[str, Any]) -> None:
+        self.fn, self.__name__, self.kwargs = fn, name, kwargs
+        params = inspect.signature(fn).parameters.values()
+        self._var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+        self._accepted = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+    def __repr__(self) -> str:
+        return f"BatchRewardFunc({self.__name__!r}, {self.kwargs!r})"
+
+    def __call__(self, completions, prompts=None, **columns) -> list[float | None]:
+        kw = {"prompts": prompts, "completions": completions, **columns, **self.kwargs}
+        if not self._var_kw:
+            kw = {k: v for k, v in kw.items() if k in self._accepted}
+        n = len(completions)
+        try:
+            scores = self.fn(**kw)
+        except GroupRLError:
+            raise
+        except Exception as e:
+            raise RewardError(f"reward {self.__name__!r} raised on a batch of {n}: {type(e).__name__}: {e}") from e
+        if isinstance(scores, (str, bytes)) or not hasattr(scores, "__len__") or len(scores) != n:
+            got = f"{len(scores)} scores" if hasattr(scores, "__len__") else repr(scores)
+            raise RewardError(
+                f"reward {self.__name__!r} is a batch reward (it has a `completions` parameter) and must return one "
+                f"score per completion: got {got} for {n}. {FORMS}"
+            )
+        return [None if s is None else float(s) for s in scores]
+
+
+def as_sample_reward(fn: Callable, name: str | None = None) -> Callable:
+    """A per-sample view ``f(completion, *, answer=None, **meta) -> float | None`` of a reward of either
+    form (for tools that score one completion at a time, such as ``grouprl reward``)."""
+    if reward_form(fn, name) == SAMPLE:
+        return fn
+
+    def one(completion, *, answer=None, **meta):
+        columns = {k: [v] for k, v in meta.items() if k != "prompt"}
+        return BatchRewardFunc(fn, name or getattr(fn, "__name__", "reward"), {})(
+            [completion], prompts=[meta.get("prompt")], answer=[answer], **columns
+        )[0]
+
+    one.__name__ = name or getattr(fn, "__name__", "reward")
+    return one
+
+
 def _resolve(target: Callable | str) -> Callable:
     if isinstance(target, str):
         module, _, attr = target.partition(":")
@@ -158,7 +260,11 @@ def accepted_options(fn: Callable) -> set[str] | None:
     the functions it hands its ``**meta`` to (``fn.passes_options_to``, and ``fn.extra_options``).
     ``None`` when ``fn`` takes ``**kwargs`` without saying where they go: anything is accepted."""
     params = list(inspect.signature(fn).parameters.values())
-    named = {p.name for p in params[1:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    if any(p.name == "completions" for p in params) or getattr(fn, "reward_form", None) == BATCH:
+        options = [p for p in params if p.name not in ("prompts", "completions")]  # batch form
+    else:
+        options = params[1:]  # per-sample form: the completion comes first
+    named = {p.name for p in options if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     if not any(p.kind is p.VAR_KEYWORD for p in params):
         return named
     targets = getattr(fn, "passes_options_to", None)
@@ -185,29 +291,32 @@ def check_reward_options(name: str, fn: Callable, options: dict[str, Any], where
             )
 
 
-def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc:
+def make_reward_func(name_or_callable: str | Callable, **kwargs) -> RewardFunc | BatchRewardFunc:
     """A TRL-style ``(completions, prompts=None, **columns) -> list[float | None]`` reward.
 
     ``name_or_callable``: a REWARDS name ("math", "format", "composite", ...), a "pkg.mod:fn" plug-in,
-    or a per-sample callable ``fn(completion, *, answer=None, **meta)``. ``kwargs`` are fixed options
-    passed on every call (they take precedence over dataset columns of the same name); an option the
-    reward would ignore is a ConfigError with a "did you mean" (see :func:`accepted_options`).
+    or a callable, each in either form (per-sample or TRL batch; see the module docstring).
+    ``kwargs`` are fixed options passed on every call (they take precedence over dataset columns of the
+    same name); an option the reward would ignore is a ConfigError with a "did you mean" (see
+    :func:`accepted_options`).
 
     >>> f = make_reward_func("math", strict=True)
     >>> f(["\\\\boxed{4}", [{"role": "assistant", "content": "Answer: 5"}]], answer=["4", "4"])
     [1.0, 0.0]
     """
     if isinstance(name_or_callable, str):
-        name = name_or_callable
+        name, where = name_or_callable, "make_reward_func / reward_kwargs"
         fn = REWARDS.get(name)
-        check_reward_options(name, fn, kwargs, where="make_reward_func / reward_kwargs")
     elif callable(name_or_callable):
-        fn = name_or_callable
+        fn, where = name_or_callable, "make_reward_func"
         name = getattr(fn, "__name__", type(fn).__name__)
-        check_reward_options(name, fn, kwargs, where="make_reward_func")
     else:
         raise TypeError(f"make_reward_func: expected a reward name or a callable, got {name_or_callable!r}")
-    return RewardFunc(fn, name, kwargs)
+    form = reward_form(fn, name)
+    if isinstance(fn, (RewardFunc, BatchRewardFunc)) and not kwargs:
+        return fn  # already adapted
+    check_reward_options(name, fn, kwargs, where=where)
+    return RewardFunc(fn, name, kwargs) if form == SAMPLE else BatchRewardFunc(fn, name, kwargs)
 
 
 _SOURCE_TASKS = (

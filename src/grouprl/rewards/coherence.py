@@ -1,10 +1,10 @@
 """``text_coherence``: a cheap, deterministic guess at whether reasoning text is language, not noise.
 
-The seed's version is the fraction of "valid" characters (CJK, ``\\w``, whitespace, basic punctuation).
+A common cheap check is the fraction of "valid" characters (CJK, ``\\w``, whitespace, basic punctuation).
 Letter gibberish ("asdkj qwoeiu zmxn") is all ``\\w`` and scores 1.0 there, so this takes the minimum
 of five checks, each in [0, 1]:
 
-- ``chars``: the seed's valid-character fraction, widened to math symbols and Markdown punctuation;
+- ``chars``: that valid-character fraction, widened to math symbols and Markdown punctuation;
 - ``lexical``: with >= 8 Latin words, the fraction of common function words ("the", "is", "so", ...)
   divided by 0.15 -- English prose has 30-50 %, letter gibberish and word salad about none;
 - ``repetition``: with >= 16 tokens, the fraction of distinct token bigrams divided by 0.3

@@ -1,16 +1,16 @@
-"""Multi-dimensional reward: ``R = sum_k w_k R_k`` with ``R_k`` in [0, 1] and ``sum_k w_k = 1`` (seed 5.3).
+"""Multi-dimensional reward: ``R = sum_k w_k R_k`` with ``R_k`` in [0, 1] and ``sum_k w_k = 1``.
 
 ``AgentRewardFunction(config)(completion, ground_truth, task_type)`` returns every dimension and the
-weighted total, e.g. on the seed's worked example (circle area, think block + calculator call)::
+weighted total, e.g. on the worked example (circle area, think block + calculator call)::
 
     {'accuracy': 1.0, 'format': 0.8, 'efficiency': 1.0, 'safety': 1.0, 'total': 0.96}
 
-(0.5 * 1.0 + 0.2 * 0.8 + 0.15 * 1.0 + 0.15 * 1.0 = 0.96; the seed printed 0.93.)
+(0.5 * 1.0 + 0.2 * 0.8 + 0.15 * 1.0 + 0.15 * 1.0 = 0.96.)
 
-No ground truth gives accuracy the seed's neutral 0.5; a ground truth that cannot be parsed makes
+No ground truth gives accuracy a neutral 0.5; a ground truth that cannot be parsed makes
 accuracy ``None`` and then the total is ``None`` too (skip the sample rather than score it 0).
 
-``WeightSchedule`` moves the weights over training progress in [0, 1]: the seed recommends a higher
+``WeightSchedule`` moves the weights over training progress in [0, 1]: a curriculum with a higher
 format weight in the first 20 % of steps and a rising accuracy weight later
 (``format_first_schedule`` builds exactly that from any config).
 """
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from grouprl.errors import ConfigError, did_you_mean
 from grouprl.registry import REWARDS
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.accuracy import accuracy_reward
 from grouprl.rewards.efficiency import efficiency_reward
 from grouprl.rewards.format import format_reward
@@ -52,7 +53,7 @@ class RewardConfig:
     tolerance: float = 1e-2
     """Relative numeric tolerance of math answers."""
     neutral_accuracy: float = 0.5
-    """Accuracy used when a sample has no ground truth at all (the seed's neutral score)."""
+    """Accuracy used when a sample has no ground truth at all (a neutral score)."""
 
     def __post_init__(self) -> None:
         validate_weights(self)
@@ -84,11 +85,11 @@ def validate_weights(config) -> None:
 
 
 math_reward_config = RewardConfig(0.60, 0.15, 0.15, 0.10, task_type="math", expected_steps=3, max_tokens=400)
-"""Math reasoning (seed 5.5): correctness first; 1 % relative tolerance; <= 3 steps, <= 400 tokens."""
+"""Math reasoning: correctness first; 1 % relative tolerance; <= 3 steps, <= 400 tokens."""
 code_reward_config = RewardConfig(0.50, 0.10, 0.25, 0.15, task_type="code", expected_steps=3, max_tokens=1024)
-"""Code generation/repair (seed 5.5): k/n tests passed; efficiency matters more (<= 3 edits)."""
+"""Code generation/repair: k/n tests passed; efficiency matters more (<= 3 edits)."""
 retrieval_reward_config = RewardConfig(0.40, 0.20, 0.20, 0.20, task_type="exact", expected_steps=3)
-"""Retrieval/QA (seed 5.5): the seed judges with an LLM; here a rule-based normalised exact match."""
+"""Retrieval/QA: a rule-based normalised exact match (no LLM judge)."""
 
 TEMPLATES = {
     "default": RewardConfig(),
@@ -132,7 +133,7 @@ def format_first_schedule(config: RewardConfig, boost: float = 0.2, warmup: floa
 
 
 class AgentRewardFunction:
-    """The seed's multi-dimensional reward: each dimension scored independently, plus the weighted total.
+    """The multi-dimensional reward: each dimension scored independently, plus the weighted total.
 
     ``schedule`` (optional) overrides the weights by training progress, passed as ``progress=``.
     ``*_kwargs`` go to the dimension's function (e.g. ``format_kwargs={"direct_answer_credit": True}``).
@@ -200,7 +201,16 @@ class AgentRewardFunction:
         return scores
 
 
+def _scores_code(args: tuple, kwargs: dict) -> bool:
+    """The call runs code tests (in their own sandbox, with their own limits): keep it in-process."""
+    config = kwargs.get("config", "default")
+    task = kwargs.get("task_type") or getattr(TEMPLATES.get(config) if isinstance(config, str) else config,
+                                             "task_type", None)
+    return task == "code"
+
+
 @REWARDS.register("composite")
+@time_limited(in_process=_scores_code)
 def composite_reward(
     completion: str,
     *,

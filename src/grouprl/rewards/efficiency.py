@@ -1,23 +1,23 @@
 """``efficiency_reward``: penalise extra tool calls, overlong output and repetition.
 
-Starts from 1.0 and subtracts (seed, section 5.2):
+Starts from 1.0 and subtracts:
 
 - steps: ``0.1 * (#<tool_call> - expected_steps)`` when above ``expected_steps``, at most 0.5;
 - length: ``0.3 * (n - max_tokens) / max_tokens`` when ``n > max_tokens``, at most 0.3, where ``n``
   counts tokens with ``tokenizer`` (anything with ``encode``, e.g. a Hugging Face tokenizer) and words
-  otherwise (a CJK character is one word, unlike the seed's whitespace split that saw a whole Chinese
+  otherwise (a CJK character is one word, unlike a whitespace split that sees a whole Chinese
   paragraph as one word);
 - repeated sentences: 0.2 when there are more than 3 sentences and fewer than 70 % are distinct;
   sentences split on English (``. ! ? ;`` before a space) and Chinese (``。！？；``) punctuation and
-  newlines, unlike the seed which missed English punctuation;
+  newlines (a Chinese-only split would miss English punctuation);
 - n-gram repetition (added): ``ngram_penalty * clamp((r - 0.3) / 0.7, 0, 1)`` where ``r`` is the fraction
   of repeated word ``ngram``-grams (needs >= 20 n-grams);
 - DAPO soft overlong punishment (added, opt-in with ``overlong_buffer``; arXiv 2503.14476 eq. 13):
   with ``L_max = max_tokens`` and ``L_cache = overlong_buffer``, the penalty is 0 up to
   ``L_max - L_cache``, then grows linearly to 1 at ``L_max`` (``((L_max - L_cache) - n) / L_cache`` in
-  the paper's signed form), and 1 beyond. It replaces the seed's linear length penalty.
+  the paper's signed form), and 1 beyond. It replaces the linear length penalty.
 
-Clamped to [0, 1]. The seed's worked example (1 call, 19 words, 4 distinct sentences) scores 1.0.
+Clamped to [0, 1]. The worked example (1 call, 19 words, 4 distinct sentences) scores 1.0.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import re
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 
 _MARKUP = re.compile(r"</?[A-Za-z_][\w-]*>")
 
@@ -64,6 +65,7 @@ def ngram_repetition(text: str, n: int = 4) -> float:
 
 
 @REWARDS.register("efficiency")
+@time_limited
 def efficiency_reward(
     completion: str,
     expected_steps: int = 3,
@@ -78,7 +80,7 @@ def efficiency_reward(
 ) -> float:
     """Efficiency in [0, 1]: 1 minus penalties for extra tool calls, overlong output and repetition.
 
-    See the module docstring for each penalty (seed 5.2, plus DAPO's soft overlong option).
+    See the module docstring for each penalty (plus DAPO's soft overlong option).
 
     >>> efficiency_reward("<think>r = 5, so S = 25 pi = 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
     1.0

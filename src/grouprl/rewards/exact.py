@@ -14,6 +14,7 @@ import unicodedata
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 
 
 def normalize_text(text: str, *, case_sensitive: bool = True) -> str:
@@ -25,6 +26,7 @@ def normalize_text(text: str, *, case_sensitive: bool = True) -> str:
 
 
 @REWARDS.register("exact")
+@time_limited
 def exact_match_reward(completion: str, *, answer=None, case_sensitive: bool = True, **meta) -> float | None:
     """1.0 when the final answer equals the gold answer after normalisation; no substring credit.
 

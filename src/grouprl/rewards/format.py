@@ -1,6 +1,6 @@
 r"""``format_reward``: does the completion follow the agent format?
 
-Seed scoring (section 5.2, derived from its code, not its docstring):
+Base scoring:
 
 ==========================================================  ======
 one well-formed ``<think>...</think>`` pair                  +0.2
@@ -11,11 +11,11 @@ well-formed ``<tool_call>`` pair(s)                          +0.2
 ``<tool_call>`` tags that do not pair up                     -0.2
 ==========================================================  ======
 
-clamped to [0, 1]. The seed's worked example (a think block and one ``calculator(...)`` call) scores
+clamped to [0, 1]. The worked example (a think block and one ``calculator(...)`` call) scores
 0.2 + 0.2 + 0.2 + 0.2 = 0.8. A direct answer with no tool call tops out at 0.4; pass
 ``direct_answer_credit=True`` to give a non-empty final answer after ``</think>`` the tool-call half.
 
-Differences from the seed, each closing a hack or a false negative:
+Hardening over the base scoring, each closing a hack or a false negative:
 
 - tags "pair up" only when they alternate open/close in order (``</think>x<think>`` has equal counts
   but is malformed) and do not nest;
@@ -32,6 +32,7 @@ import re
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.coherence import text_coherence
 
 _CALL_SYNTAX = re.compile(r"^[A-Za-z_][\w.]*\(.*\)$", re.S)
@@ -86,6 +87,7 @@ def _is_json_call(body: str) -> bool:
 
 
 @REWARDS.register("format")
+@time_limited
 def format_reward(
     completion: str,
     *,
@@ -98,7 +100,7 @@ def format_reward(
 ) -> float:
     """Agent-format score in [0, 1]: +0.2 per think/tool-call pair and their content, -0.2 if unpaired.
 
-    The seed's scoring with its loopholes closed; see the module docstring for each step.
+    The base scoring with its loopholes closed; see the module docstring for each step.
 
     >>> format_reward("<think>The area is pi r^2 = 25 pi, about 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
     0.8

@@ -12,18 +12,20 @@ arguments are never the answer):
 3. else the text after ``</think>`` itself (math-verify picks the expression from it);
 4. else, unless ``strict=True``, the same search in the reasoning and finally its last number.
 
-The seed took the last number of the whole string, so on its worked example (78.54 computed in
-``<think>``, then ``calculator(expression='3.14159 * 5**2')``) it extracted 2; here the example scores
+Taking the last number of the whole string instead would read 2 from the worked example "78.54
+computed in ``<think>``, then ``calculator(expression='3.14159 * 5**2')``"; here the example scores
 1.0, and 0.0 under ``strict`` (it has no final-answer region).
 
 Hardening: several *different* boxed answers (or answer lines, or ``<answer>`` blocks) are hedging and
 score 0; a region that is mostly numbers ("1 2 3 ... 78.54") is spam and yields no answer.
 
 Comparison: math-verify ``parse``/``verify`` (LaTeX, fractions, percentages, sets, intervals) with
-its signal-based timeouts disabled (``parsing_timeout=None``, ``timeout_seconds=None``), plus the seed's
+its signal-based timeouts disabled (``parsing_timeout=None``, ``timeout_seconds=None``), plus a
 relative numeric tolerance ``|pred - gold| / (|gold| + 1e-8) < tolerance``. An integer gold answer
-(a count) needs an exact value unless ``integer_exact=False``. Plain numbers take a fast path that
-skips sympy. Inputs that could make sympy run away (towers of powers, huge factorials, very long
+(a count) needs exactly that integer unless ``integer_exact=False``, at any size: ``1000000006`` is
+not ``1000000007``. Plain numbers (``-1,234.5``, ``3e9999``) take a fast path that skips sympy and
+compares exact decimal values, so a huge or overflowing exponent never equals a finite answer
+(math-verify alone reads ``1e999999`` as 1). Numbers beyond ``1e±400`` equal only the same number. Inputs that could make sympy run away (towers of powers, huge factorials, very long
 expressions, brackets nested deeper than 6) are checked in a killable worker process under
 ``time_limit`` seconds; an "answer" longer than 2000 characters is wrong without being parsed.
 """
@@ -34,14 +36,16 @@ import functools
 import logging
 import math
 import re
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
-from grouprl.rewards._limit import call_with_limit
+from grouprl.rewards._limit import call_with_limit, time_limited
 
 HEDGE = "\x00hedge"
 # plain numbers, with thousands separators or in scientific notation (math-verify reads "1e3" as 1)
-_PLAIN_NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d{1,3})?$")
+_PLAIN_NUMBER = re.compile(r"^[-+]?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?$")
 _RISKY = re.compile(
     r"\^.*\^|\*\*.*\*\*|\^\s*\{?\s*[-+]?\d{3,}|\*\*\s*\(?\s*[-+]?\d{3,}|\d{3,}\s*!|!\s*!"
     r"|\\(?:int|sum|prod|lim|binom|infty|iint)|\d{60,}"
@@ -52,6 +56,8 @@ _SIMPLE_FRACTION = re.compile(
     r"^\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}$|^(-?\d{1,15})\s*/\s*(\d{1,15})$"
 )
 _INNER_FRACTION = re.compile(r"\\[dt]?frac\{\s*(-?\d{1,15})\s*\}\{\s*(\d{1,15})\s*\}")
+# "3e9999 apples": one number in scientific notation (the prose-number regex would see none)
+_SCIENTIFIC = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?[eE][-+]?\d+(?![\w.])")
 _LATEX_COMMAND = re.compile(r"\\[A-Za-z]+|\\text\{[^}]*\}")
 _PROSE_WORD = re.compile(r"(?<![A-Za-z])[A-Za-z]{3,}(?![A-Za-z])")
 # Prose with any of these is not "just a number" (25 pi, 3/4, x = 5, 25%, two thirds, ...).
@@ -67,19 +73,26 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 # ── extraction ───────────────────────────────────────────────────────────────────────────────
 
 
+_MAX_DISTINCT = 8  # more different-looking candidates than this is hedging, without comparing them
+
+
 def _pick(cands: list[str]) -> str | None:
-    """The last candidate, or HEDGE when the candidates disagree."""
+    """The last candidate, or HEDGE when the candidates disagree (or are too many different spellings:
+    the comparisons stay bounded, each under its own time limit)."""
     if not cands:
         return None
     last = cands[-1]
-    for c in cands[:-1]:
+    distinct = list(dict.fromkeys(" ".join(c.split()) for c in cands[:-1]))
+    if len(distinct) > _MAX_DISTINCT:
+        return HEDGE
+    for c in distinct:
         if not _same_answer(c, last):
             return HEDGE
     return last
 
 
 def _search_region(region: str, *, whole_text: bool) -> str | None:
-    answer = _pick(_text.find_boxed(region))
+    answer = _pick(_text.find_boxed(region, max_chars=_MAX_ANSWER_CHARS + 1))
     if answer is None:
         lines = [a for a in _text.find_answer_lines(region) if "\\boxed" not in a]
         answer = _pick(lines)
@@ -170,8 +183,15 @@ def _parse(text: str) -> tuple:
     return ()
 
 
-def _as_float(expr) -> float | None:
+_ABSURD_EXPONENT = 400  # |adjusted exponent| above this: no finite answer is that big or that small
+Number = Fraction | Decimal | float
+
+
+def _as_number(expr) -> Number | None:
+    """A sympy number as an exact ``Fraction`` (integers, rationals) or a float; ``None`` otherwise."""
     try:
+        if getattr(expr, "is_Rational", False):
+            return Fraction(int(expr.p), int(expr.q))
         if getattr(expr, "is_number", False) and not getattr(expr, "is_Relational", False):
             value = complex(expr.evalf())
             if value.imag == 0 and math.isfinite(value.real):
@@ -181,33 +201,59 @@ def _as_float(expr) -> float | None:
     return None
 
 
-def _numbers_close(gold: float, pred: float, tolerance: float, integer_exact: bool) -> bool:
-    if integer_exact and float(gold).is_integer():
-        return abs(pred - gold) <= 1e-9 * max(1.0, abs(gold))
-    return abs(pred - gold) / (abs(gold) + 1e-8) < tolerance
+def _exact(x: Number) -> Fraction | None:
+    """``x`` as a Fraction; ``None`` when it is not finite or its exponent is absurd (``3e9999``)."""
+    if isinstance(x, Decimal):
+        if not x.is_finite() or (x and abs(x.adjusted()) > _ABSURD_EXPONENT):
+            return None
+        return Fraction(x)
+    if isinstance(x, float):
+        return Fraction(x) if math.isfinite(x) else None
+    return x
 
 
-def _simple_value(text: str, *, prose: bool) -> float | None:
-    """Value of a plain number or integer fraction (``3/4``, ``\\frac{3}{4}``); with ``prose``, also of
-    text holding exactly one number and no math ("8 apples"). ``None``: needs math-verify."""
+def _numbers_close(gold: Number, pred: Number, tolerance: float, integer_exact: bool) -> bool:
+    """``pred`` equals ``gold``: exactly for an integer gold (``integer_exact``; a float ``pred`` from
+    sympy's evalf may differ by 1e-9), else within the relative ``tolerance``."""
+    g, p = _exact(gold), _exact(pred)
+    if g is None or p is None:  # an absurd or overflowing number equals only itself
+        return isinstance(gold, Decimal) and isinstance(pred, Decimal) and gold == pred
+    if integer_exact and g.denominator == 1:
+        return p == g or (isinstance(pred, float) and abs(p - g) <= Fraction(1, 10**9))
+    return abs(p - g) / (abs(g) + Fraction(1, 10**8)) < Fraction(tolerance)
+
+
+def _plain(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.replace(",", ""))
+    except InvalidOperation:
+        return None
+
+
+def _simple_value(text: str, *, prose: bool) -> Number | None:
+    """Exact value of a plain number or integer fraction (``3/4``, ``\\frac{3}{4}``); with ``prose``,
+    also of text holding exactly one number and no math ("8 apples"). ``None``: needs math-verify."""
     text = text.strip().strip("$").strip()
     if _PLAIN_NUMBER.match(text):
-        return float(text.replace(",", ""))
+        return _plain(text)
     m = _SIMPLE_FRACTION.match(text)
     if m:
         num, den = (int(x) for x in (m.group(1) or m.group(3), m.group(2) or m.group(4)))
-        return num / den if den else None
+        return Fraction(num, den) if den else None
     if not prose:
         return None
     fracs = _INNER_FRACTION.findall(text)
     if len(fracs) == 1:  # "So it is \\frac{3}{4} of the cake."
         rest = _INNER_FRACTION.sub(" ", text)
         if not _NOT_PROSE.search(rest) and not _text.numbers(rest) and int(fracs[0][1]):
-            return int(fracs[0][0]) / int(fracs[0][1])
+            return Fraction(int(fracs[0][0]), int(fracs[0][1]))
     if _NOT_PROSE.search(text):
         return None
+    sci = _SCIENTIFIC.findall(text)
+    if sci:
+        return _plain(sci[0]) if len(sci) == 1 and not _text.numbers(_SCIENTIFIC.sub(" ", text)) else None
     nums = _text.numbers(text)
-    return float(nums[0].replace(",", "")) if len(nums) == 1 else None
+    return _plain(nums[0]) if len(nums) == 1 else None
 
 
 def match(pred: str, gold: str, tolerance: float = 1e-2, integer_exact: bool = True) -> bool | None:
@@ -226,7 +272,7 @@ def match(pred: str, gold: str, tolerance: float = 1e-2, integer_exact: bool = T
     p = _parse(pred)
     if not p:
         return False
-    gf, pf = _as_float(g[0]), _as_float(p[0])
+    gf, pf = _as_number(g[0]), _as_number(p[0])
     if gf is not None and pf is not None and _numbers_close(gf, pf, tolerance, integer_exact):
         return True
     try:
@@ -297,6 +343,7 @@ def _gold_list(answer) -> list[str] | None:
 
 
 @REWARDS.register("math")
+@time_limited
 def math_reward(
     completion: str,
     *,

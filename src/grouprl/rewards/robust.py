@@ -1,28 +1,30 @@
-"""``robust_reward``: accuracy with the seed's anti-hacking defences (section 5.4).
+"""``robust_reward``: accuracy with anti-hacking defences.
 
 ``accuracy_reward`` times a factor for each defence that fires:
 
 1. incoherent reasoning: the think content (also when the chat template opened ``<think>``) has
-   ``text_coherence`` below ``coherence_threshold`` -> x ``incoherent_factor`` (seed: 0.5 below 0.5).
-   ``text_coherence`` also catches letter gibberish and repetition, which the seed's character ratio
-   passed;
+   ``text_coherence`` below ``coherence_threshold`` -> x ``incoherent_factor`` (defaults: 0.5 below 0.5).
+   ``text_coherence`` also catches letter gibberish and repetition, which a valid-character ratio
+   passes;
 2. overlong output: more than ``max_words`` words (tokens with ``tokenizer``) -> x 0.7;
 3. tool-call flooding: ``n > max_tool_calls`` calls -> x ``max(0.5, 1 - 0.05 (n - max_tool_calls))``.
 
-The seed's fourth defence ("the answer comes from the reasoning") has no implementation there and
-none here; number spam and hedged answers are already refused by the math extraction.
+A fourth defence ("the answer comes from the reasoning") is not implemented; number spam and hedged
+answers are already refused by the math extraction.
 """
 
 from __future__ import annotations
 
 from grouprl.registry import REWARDS
 from grouprl.rewards import _text
+from grouprl.rewards._limit import time_limited
 from grouprl.rewards.accuracy import accuracy_reward
 from grouprl.rewards.coherence import text_coherence
 from grouprl.rewards.efficiency import count_length
 
 
 @REWARDS.register("robust")
+@time_limited(in_process=lambda args, kw: (args[1] if len(args) > 1 else kw.get("task_type")) == "code")
 def robust_reward(
     completion: str,
     ground_truth=None,
@@ -36,7 +38,7 @@ def robust_reward(
     tokenizer=None,
     **meta,
 ) -> float | None:
-    """Accuracy scaled down for incoherent reasoning, overlong output and tool-call floods (seed 5.4).
+    """Accuracy scaled down for incoherent reasoning, overlong output and tool-call floods.
 
     ``None`` when accuracy has no opinion; see the module docstring for each factor.
 
