@@ -53,7 +53,7 @@ ALLOWED: dict[str, set[str]] = {
     "config": _BASE | {"builtins"},
     "sandbox": _MIDDLE,
     "rewards": _BASE | {"sandbox"},  # no algo: rewards stay torch-free; sandbox for the code reward
-    "data": _MIDDLE,
+    "data": _MIDDLE | {"rewards"},  # a built-in task names its default reward and reuses its evaluator
     "envs": _MIDDLE | {"sandbox"},
     "rollout": _MIDDLE | {"envs", "rewards"},
     "report": _MIDDLE,
@@ -78,7 +78,7 @@ DYNAMIC_IMPORTS = {
     ("registry.py", "Registry.resolve"): "the plug-in resolver: 'package.module:function' from the user",
     ("rollout/__init__.py", "make_backend"): "the backend loader: a built-in backend or 'package.module:Class'",
     ("rewards/adapters.py", "_resolve"): "a reward plug-in 'package.module:function' from the user",
-    ("rewards/_limit.py", "_serve"): "the time-limited worker runs the 'module:function' its parent names",
+    ("rewards/_limit.py", "_import"): "the time-limited worker runs the 'module:function' its parent names",
 }
 
 # (unit, imported unit) -> why the edge still exists. Each entry must still be found in the source (a stale

@@ -8,7 +8,6 @@ import pytest
 
 from grouprl.data.tasks import (
     TASKS,
-    countdown_reward,
     demonstration,
     generate_rows,
     get_task,
@@ -16,6 +15,7 @@ from grouprl.data.tasks import (
     plausible_wrong_answer,
 )
 from grouprl.errors import DataError, UnknownNameError
+from grouprl.rewards.countdown import countdown_reward
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))

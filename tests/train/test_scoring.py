@@ -90,7 +90,7 @@ def test_reward_errors_surface_from_the_trainer(tiny_model_dir, train_rows, fast
 
     trainer = GRPOTrainer(model=str(tiny_model_dir), config=fast_config(), train_dataset=train_rows,
                           reward_funcs=[_named("broken", lambda c: [1.0] * (len(c) - 1))])
-    with pytest.raises(RewardError, match="'broken' returned 7 values for 8 completions"):
+    with pytest.raises(RewardError, match="'broken' is a batch reward .* got 7 scores for 8"):
         trainer.train()
 
 

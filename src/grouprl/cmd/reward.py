@@ -70,7 +70,7 @@ def make_scorer(reward: str, config: str, options: dict[str, Any]):
     from grouprl.builtins import load_builtins
     from grouprl.errors import ConfigError, did_you_mean
     from grouprl.registry import REWARDS
-    from grouprl.rewards.adapters import check_reward_options
+    from grouprl.rewards.adapters import as_sample_reward, check_reward_options
     from grouprl.rewards.composite import TEMPLATES, AgentRewardFunction
 
     load_builtins()
@@ -87,7 +87,7 @@ def make_scorer(reward: str, config: str, options: dict[str, Any]):
             return agent(completion, answer, task_type, **meta)
 
         return score
-    fn = REWARDS.get(reward)
+    fn = as_sample_reward(REWARDS.get(reward), reward)  # a batch-form plug-in works too
     check_reward_options(reward, fn, options, where="--option")
 
     def score_one(completion, answer, meta):

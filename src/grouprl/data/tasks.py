@@ -172,7 +172,6 @@ def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int 
 
 
 # The checked evaluator and the reward live in grouprl.rewards.countdown (registered as "countdown").
-from grouprl.rewards.countdown import countdown_reward as countdown_reward  # noqa: E402 (re-exported)
 from grouprl.rewards.countdown import safe_eval as _safe_eval  # noqa: E402
 
 # --------------------------------------------------------------------------- registry and loading

@@ -25,13 +25,13 @@ def resolve_reward_funcs(funcs: Any, reward_kwargs: dict | None = None) -> list[
     items = funcs if isinstance(funcs, (list, tuple)) else [funcs]
     if not items:
         raise ConfigError("reward_funcs is empty: give at least one reward name or function.")
+    from grouprl.rewards import make_reward_func
+
     out = []
     for item in items:
-        if callable(item):
-            out.append(item)
+        if callable(item):  # either form: per-sample fn(completion, ...) or TRL batch fn(completions, ...)
+            out.append(make_reward_func(item))
         elif isinstance(item, str):
-            from grouprl.rewards import make_reward_func
-
             out.append(make_reward_func(item, **dict(reward_kwargs.get(item, {}))))
         else:
             raise ConfigError(f"reward_funcs entry {item!r} is neither a reward name nor a callable.")
