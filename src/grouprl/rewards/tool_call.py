@@ -1,13 +1,13 @@
 """Tool-call accuracy: right tool, right arguments.
 
-Calls are parsed, never evaluated: the seed's ``name(arg=..., ...)`` syntax with Python's ``ast``
+Calls are parsed, never evaluated: the Python-call syntax ``name(arg=..., ...)`` (as in ``calculator(expression='3.14159 * 5**2')``) with Python's ``ast``
 (literal values via ``ast.literal_eval``; any other expression is kept as its source text), and JSON
 ``{"name": ..., "arguments": {...}}`` (``arguments`` may itself be a JSON string, as in OpenAI's format).
 In a completion the calls are the ``<tool_call>`` blocks; a bare call / JSON object is also accepted.
 ``parse_tool_blocks`` is the same parser for multi-turn rollouts: only ``<tool_call>`` blocks count, and
 each malformed one comes with the reason, which the rollout returns to the model as the tool result.
 
-Score of one call (the seed's): 0.5 for the right name + 0.5 for exactly the right arguments.
+Score of one call: 0.5 for the right name + 0.5 for exactly the right arguments.
 ``shaped=True`` replaces the exact-argument half with per-key credit: half for the key set (Jaccard)
 and half for the fraction of keys whose values match. Several gold calls are matched in order and the
 sum is divided by ``max(#gold, #predicted)``, so extra calls never help. More than ``max_calls`` calls
