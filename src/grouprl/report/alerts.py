@@ -29,10 +29,12 @@ class AlertThresholds:
     """Smoothing window: the checks compare means over this many consecutive logged steps."""
     reward_rise: float = 0.1
     """reward_vs_eval: the smoothed training reward rose by at least this much (reward units) ..."""
-    eval_flat: float = 0.0
-    """... between two evaluations while the held-out metric moved by at most this much (<= 0: fell or flat)."""
+    eval_flat: float = 0.02
+    """... while the held-out metric gained at most this much from the first evaluation to the last, ..."""
+    eval_drop: float = 0.05
+    """... or lost at least this much from its peak (same steps for the reward's rise)."""
     eval_min_points: int = 3
-    """reward_vs_eval needs at least this many evaluations in the stretch it checks."""
+    """reward_vs_eval smooths the held-out metric over this many evaluations and needs at least that many."""
     length_growth: float = 5.0
     """length_blowup: the smoothed mean completion length grew by this factor over its first window ..."""
     truncated_frac: float = 0.3
@@ -141,24 +143,32 @@ def eval_key(rows: Rows) -> str | None:
 
 
 def check_reward_vs_eval(rows: Rows, t: AlertThresholds) -> list[Alert]:
+    """Two patterns, both on the eval curve smoothed over ``eval_min_points`` evaluations:
+    flat -- from the first to the last evaluation the held-out metric gained at most ``eval_flat`` while the
+    smoothed training reward rose by ``reward_rise``; falling -- after its peak the held-out metric lost at
+    least ``eval_drop`` while the training reward rose by ``reward_rise`` over the same steps."""
     key = eval_key(rows)
     rx, ry = series(rows, "reward")
-    if key is None or len(rx) < 2:
+    ex, ey = series(rows, key) if key else ([], [])
+    if len(rx) < 2 or len(ex) < t.eval_min_points:
         return []
-    ex, ey = series(rows, key)
     sm = dict(zip(rx, smooth(ry, t.window)))
     at = {s: sm[max((x for x in rx if x <= s), default=rx[0])] for s in ex}
-    for i in range(len(ex) - t.eval_min_points + 1):  # earliest start first: the longest stretch
-        j = len(ex) - 1
-        if ex[i] >= ex[j] or j - i + 1 < t.eval_min_points:
-            continue
-        rise, moved = at[ex[j]] - at[ex[i]], ey[j] - max(ey[i:j])
-        if rise >= t.reward_rise and ey[j] - ey[i] <= t.eval_flat and moved <= t.eval_flat:
-            return [Alert("reward_vs_eval",
-                          f"training reward rose by {rise:.3g} from step {ex[i]} to {ex[j]} while {key} went "
-                          f"{ey[i]:.3g} -> {ey[j]:.3g}: the reward may be hacked (read the sample review).",
-                          [ex[i], ex[j]], "panel-reward")]
-    return []
+    es = smooth(ey, t.eval_min_points)
+    first, last = t.eval_min_points - 1, len(ex) - 1
+    peak = max(range(first, last + 1), key=lambda i: es[i])
+    rise_all, rise_peak = at[ex[last]] - at[ex[first]], at[ex[last]] - at[ex[peak]]
+    if rise_all >= t.reward_rise and es[last] - es[first] <= t.eval_flat:
+        a, b, what = ex[first], ex[last], f"stayed flat ({es[first]:.3g} -> {es[last]:.3g})"
+        rise = rise_all
+    elif rise_peak >= t.reward_rise and es[peak] - es[last] >= t.eval_drop:
+        a, b, what = ex[peak], ex[last], f"fell from its peak {es[peak]:.3g} to {es[last]:.3g}"
+        rise = rise_peak
+    else:
+        return []
+    return [Alert("reward_vs_eval", f"training reward rose by {rise:.3g} from step {a} to {b} while {key} {what}"
+                  f" (mean of {t.eval_min_points} evaluations): the reward may be hacked (read the sample review).",
+                  [a, b], "panel-reward")]
 
 
 def check_length_blowup(rows: Rows, t: AlertThresholds) -> list[Alert]:
