@@ -13,13 +13,15 @@ from grouprl.report.runlog import RunLog
 
 # (panel id, title, fnmatch patterns); a key goes to the first panel that matches it. Order = page order.
 PANELS: list[tuple[str, str, list[str]]] = [
-    ("reward", "Total reward (training)", ["reward", "reward_std"]),
+    ("reward", "Total reward (training)", ["reward", "reward_std", "reward/*"]),
     ("components", "Reward components (mean per component)", ["rewards/*/mean", "rewards/*/weighted*"]),
     ("component_spread", "Reward components: std and fraction unscored", ["rewards/*"]),
-    ("eval", "Held-out evaluation", ["eval/*"]),
+    ("eval", "Held-out evaluation (rates)", ["eval/*"]),
+    ("eval_other", "Held-out evaluation (counts, lengths)", ["eval/*"]),
     ("kl", "KL to the reference", ["kl"]),
     ("entropy", "Entropy (nats / token)", ["entropy"]),
-    ("clip", "Clip fractions", ["policy/*"]),
+    ("clip", "Clip fractions", ["policy/clip_frac*"]),
+    ("policy", "Policy ratio and approximate KL to the sampler", ["policy/*"]),
     ("length", "Completion length (tokens)", ["completions/mean_length", "completions/min_length",
                                                "completions/max_length", "completions/*"]),
     ("zero_std", "Groups with all-equal rewards (fraction)", ["frac_reward_zero_std"]),
@@ -28,6 +30,8 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("throughput", "Tokens per second", ["tokens_per_s"]),
     ("time", "Time per step (s)", ["time/*"]),
     ("agent", "Agent: turns, tool calls, failures", ["turns/*", "tools/*", "end_reason/*"]),
+    ("advantage", "Advantages", ["advantage/*"]),
+    ("loss", "Loss", ["loss/*"]),
 ]
 SECONDARY = {"completions/truncated_frac", "completions/clipped_frac", "reward_std"}
 
@@ -44,8 +48,8 @@ def panels(run: RunLog) -> list[dict[str, Any]]:
     for pid, title, rules in PANELS + [("other", "Other metrics", ["*"])]:
         mine = [k for rule in rules for k in keys if k not in taken and _matches(k, rule)]
         mine = list(dict.fromkeys(mine))
-        if pid == "eval":
-            mine = [k for k in mine if k != "eval/tag"]
+        if pid == "eval":  # rates in [0, 1] (accuracy, pass@k) apart from counts and lengths
+            mine = [k for k in mine if all(0 <= v <= 1 for v in run.series(k)[1])]
         taken.update(mine)
         if mine:
             out.append({"id": f"panel-{pid}", "title": title, "keys": mine,
