@@ -79,8 +79,8 @@ def objective_data() -> dict[str, Any]:
 def kl_data() -> dict[str, Any]:
     import torch
 
-    from grouprl.registry import KL_ESTIMATORS
     from grouprl.algo.kl import kl_categorical
+    from grouprl.registry import KL_ESTIMATORS
 
     names = ["k1", "k2", "k3"]
     x = torch.tensor(LOG_RATIOS, dtype=torch.float64)

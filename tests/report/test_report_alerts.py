@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from synth import healthy_metrics
+from report_synth import healthy_metrics
 
 from grouprl.errors import ConfigError
 from grouprl.report.alerts import AlertThresholds, compute_alerts, smooth

@@ -8,7 +8,7 @@ import json
 import pathlib
 
 import pytest
-import synth
+import report_synth as synth
 
 from grouprl.cli import main
 from grouprl.errors import ConfigError

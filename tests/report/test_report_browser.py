@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-import synth
+import report_synth as synth
 
 from grouprl.report import build_report
 from grouprl.report.explain import build_explain
