@@ -33,7 +33,7 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("advantage", "Advantages", ["advantage/*"]),
     ("loss", "Loss", ["loss/*"]),
 ]
-SECONDARY = {"completions/truncated_frac", "completions/clipped_frac", "reward_std"}
+SECONDARY = {"completions/truncated_frac", "completions/clipped_frac"}
 
 
 def _matches(key: str, rule: str) -> bool:

@@ -33,9 +33,14 @@
             yaxis: p.secondary.indexOf(k) >= 0 ? "y2" : "y", line: {dash: ri ? "dash" : "solid"}});
         });
       });
-      var layout = {title: {text: p.title, font: {size: 13}}, margin: {l: 50, r: 50, t: 30, b: 35},
+      var layout = {title: {text: p.title, font: {size: 13}}, margin: {l: 60, r: 50, t: 30, b: 35},
         xaxis: {title: {text: "step"}}, legend: {font: {size: 10}, orientation: "h", y: -0.25},
-        yaxis2: {overlaying: "y", side: "right", showgrid: false}};
+        yaxis: {exponentformat: "e"}, yaxis2: {overlaying: "y", side: "right", showgrid: false}};
+      var ys = [].concat.apply([], traces.filter(function (t) { return t.yaxis === "y"; }).map(function (t) { return t.y; }));
+      if (ys.length && Math.min.apply(null, ys) === Math.max.apply(null, ys) && ys[0] !== 0) {
+        var pad = Math.abs(ys[0]) * 0.5;  // a constant curve: centre it instead of plotly's +-1 default
+        layout.yaxis.range = [ys[0] - pad, ys[0] + pad];
+      }
       Plotly.newPlot(div, traces, layout, CFG);
     });
   }
@@ -45,10 +50,20 @@
     if (!div) return;
     if (!h || !h.windows || !h.windows.length) { div.textContent = "No training samples logged."; div.className = "muted"; return; }
     var centres = h.edges.slice(0, -1).map(function (e, i) { return (e + h.edges[i + 1]) / 2; });
-    var traces = h.windows.map(function (w) {
+    var frac = h.windows.map(function (w) {
       var n = w.counts.reduce(function (a, b) { return a + b; }, 0);
-      return {type: "bar", x: centres, y: w.counts.map(function (c) { return c / n; }),
-        name: "steps " + w.window[0] + "-" + w.window[1], opacity: 0.6};
+      return w.counts.map(function (c) { return c / n; });
+    });
+    var label = function (w) { return "steps " + w.window[0] + "-" + w.window[1]; };
+    if (h.windows.length > 4) {  // many windows: one column per window, colour = fraction of samples
+      var z = centres.map(function (_, b) { return frac.map(function (f) { return f[b]; }); });
+      Plotly.newPlot(div, [{type: "heatmap", x: h.windows.map(label), y: centres, z: z, colorscale: "Viridis",
+        colorbar: {title: {text: "fraction"}}}], {margin: {l: 60, r: 20, t: 10, b: 60},
+        yaxis: {title: {text: "reward"}}}, CFG);
+      return;
+    }
+    var traces = h.windows.map(function (w, i) {
+      return {type: "bar", x: centres, y: frac[i], name: label(w), opacity: 0.6};
     });
     Plotly.newPlot(div, traces, {barmode: "overlay", margin: {l: 50, r: 20, t: 10, b: 35},
       xaxis: {title: {text: "reward"}}, yaxis: {title: {text: "fraction of samples"}}}, CFG);
