@@ -96,3 +96,11 @@ def test_explainer_javascript_matches_grouprl_algo(pages, tmp_path):
     for from_js, ex in zip(js, examples):
         for method, values in ex["adv"].items():
             assert from_js[method] == pytest.approx(values, abs=1e-9), (ex["rewards"], method)
+
+
+def test_folded_marks_show_as_pressed_buttons(tmp_path):
+    run = synth.write_run(tmp_path / "run", synth.healthy_metrics(), synth.samples())
+    sid = parse_data(build_report(run).read_text())["review"][0]["top"][0]["id"]
+    (run / "review_marks.jsonl").write_text(json.dumps({"id": sid, "step": 100, "mark": "hack"}) + "\n")
+    dom, _, _ = chromium(build_report(run), tmp_path, "--dump-dom")
+    assert dom.count('class="hack on"') == 1 and dom.count('class="right on"') == 0

@@ -141,6 +141,9 @@ def test_errors_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="holds no metrics.jsonl"):
         build_report(tmp_path)
     assert main(["report"]) == 2
+    run = synth.write_run(tmp_path / "r", synth.healthy_metrics(20))
+    with pytest.raises(ConfigError, match="--review-window 0"):
+        build_report(run, review_window=0)
 
 
 def test_report_package_never_imports_the_trainer():
