@@ -15,7 +15,7 @@ import subprocess
 import pytest
 import report_synth as synth
 
-from grouprl.report import build_report
+from grouprl.report import build_compare, build_report
 from grouprl.report.explain import build_explain
 from grouprl.report.page import parse_data
 
@@ -58,16 +58,20 @@ def plot_pixels(png):
 def pages(tmp_path_factory):
     d = tmp_path_factory.mktemp("pages")
     run = synth.write_run(d / "run", synth.healthy_metrics(), synth.samples(agent=True))
-    return {"report": build_report(run), "explain": build_explain(d / "explain.html")}
+    other = synth.write_run(d / "other", synth.healthy_metrics(60), config={"learning_rate": 3e-5})
+    return {"report": build_report(run), "explain": build_explain(d / "explain.html"),
+            "compare": build_compare(run, other, d / "compare.html")}
 
 
-@pytest.mark.parametrize("name", ["report", "explain"])
+@pytest.mark.parametrize("name", ["report", "explain", "compare"])
 def test_page_loads_from_disk_without_errors_or_network(pages, name, tmp_path):
     dom, stderr, requests = chromium(pages[name], tmp_path, "--dump-dom")
     assert 'data-rendered="yes"' in dom, f"the page script did not finish:\n{stderr[-3000:]}"
     assert console_lines(stderr) == []
     assert requests == set()
-    assert dom.count("main-svg") >= (10 if name == "report" else 6)  # plotly drew its SVGs
+    assert dom.count("main-svg") >= {"report": 10, "explain": 6, "compare": 10}[name]  # plotly drew its SVGs
+    if name == "compare":
+        assert "learning_rate" in dom and 'class="changed"' in dom
 
 
 @pytest.mark.parametrize("name", ["report", "explain"])
@@ -104,3 +108,4 @@ def test_folded_marks_show_as_pressed_buttons(tmp_path):
     (run / "review_marks.jsonl").write_text(json.dumps({"id": sid, "step": 100, "mark": "hack"}) + "\n")
     dom, _, _ = chromium(build_report(run), tmp_path, "--dump-dom")
     assert dom.count('class="hack on"') == 1 and dom.count('class="right on"') == 0
+    assert "1 marked as a hack" in dom

@@ -154,7 +154,9 @@
     var head = ["step", "reward", "components", "advantage", "length", "prompt", "completion", "mark"];
     D.review.forEach(function (w, i) {
       var d = el("details", {id: "review-" + w.window[0]}); if (i === D.review.length - 1) d.open = true;
-      d.appendChild(el("summary", {}, "steps " + w.window[0] + "-" + w.window[1] + " (" + w.n + " samples)"));
+      var hacks = w.top.concat(w.bottom).filter(function (s) { return marks[s.id] && marks[s.id].mark === "hack"; }).length;
+      d.appendChild(el("summary", {}, "steps " + w.window[0] + "-" + w.window[1] + " (" + w.n + " samples" +
+        (hacks ? ", " + hacks + " marked as a hack" : "") + ")"));
       d.appendChild(el("h3", {}, "Highest reward (" + w.top.length + ")")); d.appendChild(table(head, w.top.map(sampleRow)));
       d.appendChild(el("h3", {}, "Lowest reward (" + w.bottom.length + ")")); d.appendChild(table(head, w.bottom.map(sampleRow)));
       box.appendChild(d);
