@@ -128,3 +128,5 @@ def test_no_alert_on_the_default_recipes_real_run():
     path = pathlib.Path(__file__).parent / "data" / "default_recipe_100_steps.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(rows) == 111 and compute_alerts(rows) == []  # 100 steps + 11 evaluation rows
+    tight = AlertThresholds(entropy_floor=0.05)  # the log is really read: a tighter floor fires
+    assert [a.name for a in compute_alerts(rows, tight)] == ["entropy_collapse"]

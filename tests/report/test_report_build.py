@@ -154,3 +154,14 @@ def test_report_package_never_imports_the_trainer():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             bad += [f"{path.name}: {n}" for n in names if n.startswith(("grouprl.train", "grouprl.rollout"))]
     assert not bad
+
+
+def test_review_keeps_repeated_completions_apart(tmp_path):
+    """A group often holds the same completion twice: both copies count, top and bottom stay 20 + 20."""
+    rows = [{"step": 5, "prompt": "p", "completion": f"c{i % 10}", "reward": float(i % 10), "advantage": 0.0}
+            for i in range(40)]
+    path = synth.write_run(tmp_path / "r", synth.healthy_metrics(10), rows)
+    w = parse_data(build_report(path).read_text())["review"][0]
+    assert len(w["top"]) == 20 and len(w["bottom"]) == 20
+    assert sorted(r["reward"] for r in w["top"]) == [5.0] * 4 + [6.0] * 4 + [7.0] * 4 + [8.0] * 4 + [9.0] * 4
+    assert w["top"][0]["length"] == 2 and w["top"][0]["length_unit"] == "chars"

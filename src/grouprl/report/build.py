@@ -36,7 +36,7 @@ def _thresholds_text(t: AlertThresholds) -> str:
 
 
 SECTIONS = """
-<section id="curves"><h2>Curves</h2><div class="grid" id="plots"></div></section>
+<section id="curves"><h2>Curves (x axis: step)</h2><div class="grid" id="plots"></div></section>
 <section id="distribution"><h2>Reward distribution over time</h2><div id="hist" class="plot"></div></section>
 <section id="changelog"><h2>Reward changelog</h2><div id="changelog-body"></div></section>
 <section id="review"><h2>Sample review</h2>
@@ -51,7 +51,7 @@ grey = masked (tool output, not trained on).</p>
 COMPARE_SECTIONS = """
 <section id="reward-diff"><h2>Rewards: what changed</h2><div id="reward-diff-body"></div></section>
 <section id="config-diff"><h2>Config: what changed</h2><div id="config-diff-body"></div></section>
-<section id="curves"><h2>Curves (solid: A, dashed: B)</h2><div class="grid" id="plots"></div></section>
+<section id="curves"><h2>Curves (x axis: step; solid: A, dashed: B)</h2><div class="grid" id="plots"></div></section>
 <section id="changelog"><h2>Reward changelog (B)</h2><div id="changelog-body"></div></section>
 """
 

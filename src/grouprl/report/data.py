@@ -104,7 +104,7 @@ def _length(s: dict[str, Any]) -> int:
     for key in ("completion_ids", "token_ids", "tokens"):
         if isinstance(s.get(key), list):
             return len(s[key])
-    return len(str(s.get("completion", "")).split())
+    return len(str(s.get("completion", "")))
 
 
 def _review_row(s: dict[str, Any], run: RunLog) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def _review_row(s: dict[str, Any], run: RunLog) -> dict[str, Any]:
     row = {k: s[k] for k in keep if k in s}
     row["length"] = _length(s)
     row["length_unit"] = "tokens" if any(isinstance(s.get(k), list) for k in ("completion_ids", "token_ids",
-                                                                                "tokens")) else "words"
+                                                                                "tokens")) else "chars"
     if s["id"] in run.marks:
         row["mark"] = run.marks[s["id"]].get("mark")
     return row
@@ -129,7 +129,8 @@ def review(run: RunLog, window: int, k: int = 20) -> list[dict[str, Any]]:
             continue
         ranked = sorted(mine, key=lambda s: -s["reward"])
         top = ranked[:min(k, (len(mine) + 1) // 2)]
-        bottom = [s for s in sorted(mine, key=lambda s: s["reward"]) if s not in top][:k]
+        chosen = {id(s) for s in top}  # identity, not equality: a group may repeat a completion
+        bottom = [s for s in sorted(mine, key=lambda s: s["reward"]) if id(s) not in chosen][:k]
         out.append({"window": [a, b], "n": len(mine), "top": [_review_row(s, run) for s in top],
                     "bottom": [_review_row(s, run) for s in bottom]})
     return out

@@ -114,8 +114,8 @@ Dr. GRPO only subtracts the mean; RLOO subtracts the mean of the <i>other</i> co
 curve is flat the gradient is zero: a token whose ratio already moved far enough in the advantage's direction
 stops being pushed. Left: one token. Right: a sequence of <span id="seq-len"></span> tokens where one token's
 ratio moves; token-level GRPO clips that token only, GSPO clips the whole sequence on its geometric-mean ratio.</p>
-<div class="grid"><div id="obj-token" class="plot"></div><div id="obj-seq" class="plot"></div>
-<div id="grad-token" class="plot"></div><div id="grad-seq" class="plot"></div></div></section>
+<div class="grid"><div id="obj-token" class="plot tall"></div><div id="obj-seq" class="plot tall"></div>
+<div id="grad-token" class="plot tall"></div><div id="grad-seq" class="plot tall"></div></div></section>
 <section id="kl"><h2>3. KL estimators: k1, k2, k3</h2>
 <p>The KL penalty is estimated from the sampled tokens only. Left: each estimator's value for one sample, as
 a function of log(pi_ref/pi_theta): k1 can be negative, k2 and k3 never are. Right: between a 5-way

@@ -23,7 +23,7 @@ header{background:#1d2330;color:#fff;padding:14px 24px}header h1{margin:0;font-s
 header .sub{color:#b8c0cc;font-size:13px}main{padding:16px 24px;max-width:1400px}
 section{background:#fff;border:1px solid #e1e4ea;border-radius:6px;padding:12px 16px;margin:12px 0}
 h2{font-size:16px;margin:4px 0 10px}.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(420px,1fr));gap:10px}
-.plot{height:300px;border:1px solid #eef0f3;border-radius:4px}.alert{border-left:4px solid #d9822b;background:#fff7ec;padding:6px 10px;margin:6px 0}
+.plot{height:300px;border:1px solid #eef0f3;border-radius:4px}.plot.tall{height:420px}.alert{border-left:4px solid #d9822b;background:#fff7ec;padding:6px 10px;margin:6px 0}
 .ok{border-left:4px solid #2e9e5b;background:#effaf3;padding:6px 10px}table{border-collapse:collapse;width:100%;font-size:13px}
 td,th{border-bottom:1px solid #eef0f3;padding:4px 6px;text-align:left;vertical-align:top}th{background:#fafbfc}
 .num{text-align:right;font-variant-numeric:tabular-nums}.tok{white-space:pre-wrap;font-family:ui-monospace,Menlo,monospace;font-size:12px}

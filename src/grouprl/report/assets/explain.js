@@ -5,7 +5,7 @@
   "use strict";
   var D = JSON.parse(document.getElementById("grouprl-data").textContent);
   var CFG = {displaylogo: false, responsive: true, displayModeBar: false};
-  var M = {l: 50, r: 20, t: 30, b: 40}, H = 360;
+  var M = {l: 50, r: 20, t: 30, b: 40};
 
   function mean(r) { return r.reduce(function (a, b) { return a + b; }, 0) / r.length; }
   function std(r, unbiased) {
@@ -55,7 +55,7 @@
           line: {dash: sign === "A<0" ? "dash" : "solid", color: ["#1f77b4", "#d62728", "#2ca02c"][i]}});
       });
     });
-    Plotly.newPlot(div, traces, {title: {text: title, font: {size: 13}}, margin: M, legend: {font: {size: 10}, orientation: "h", y: -0.3},
+    Plotly.newPlot(div, traces, {title: {text: title, font: {size: 13}}, margin: M, legend: {font: {size: 10}, orientation: "h", y: -0.22},
       xaxis: {title: {text: xlabel}}}, CFG);
   }
   lines("token", "objective", "objective vs ratio r (one token, |A| = 1)", "obj-token", "ratio r");

@@ -34,7 +34,7 @@
         });
       });
       var layout = {title: {text: p.title, font: {size: 13}}, margin: {l: 60, r: 50, t: 30, b: 35},
-        xaxis: {title: {text: "step"}}, legend: {font: {size: 10}, orientation: "h", y: -0.25},
+        legend: {font: {size: 10}, orientation: "h", y: -0.12},
         yaxis: {exponentformat: "e"}, yaxis2: {overlaying: "y", side: "right", showgrid: false}};
       var ys = [].concat.apply([], traces.filter(function (t) { return t.yaxis === "y"; }).map(function (t) { return t.y; }));
       if (ys.length && Math.min.apply(null, ys) === Math.max.apply(null, ys) && ys[0] !== 0) {
