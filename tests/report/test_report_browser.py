@@ -70,6 +70,8 @@ def test_page_loads_from_disk_without_errors_or_network(pages, name, tmp_path):
     assert console_lines(stderr) == []
     assert requests == set()
     assert dom.count("main-svg") >= {"report": 10, "explain": 6, "compare": 10}[name]  # plotly drew its SVGs
+    if name == "report":  # per-token view: tool tokens greyed, model tokens coloured by advantage sign
+        assert 'class="masked"' in dom and 'class="pos"' in dom and 'class="neg"' in dom
     if name == "compare":
         assert "learning_rate" in dom and 'class="changed"' in dom
 
