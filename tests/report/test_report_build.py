@@ -165,3 +165,14 @@ def test_review_keeps_repeated_completions_apart(tmp_path):
     assert len(w["top"]) == 20 and len(w["bottom"]) == 20
     assert sorted(r["reward"] for r in w["top"]) == [5.0] * 4 + [6.0] * 4 + [7.0] * 4 + [8.0] * 4 + [9.0] * 4
     assert w["top"][0]["length"] == 2 and w["top"][0]["length_unit"] == "chars"
+
+
+def test_a_run_still_writing_its_logs_can_be_reported(tmp_path):
+    path = synth.write_run(tmp_path / "r", synth.healthy_metrics(30), synth.samples(30))
+    with (path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 31, "reward": 0.')  # the trainer is mid-write
+    data = parse_data(build_report(path).read_text())
+    assert data["runs"][0]["columns"]["step"][-1] == 30
+    (path / "metrics.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ConfigError, match="line 2 is not JSON"):
+        build_report(path)

@@ -1,5 +1,12 @@
 """Turn a parsed run into the JSON the page draws: curve panels, reward histograms per window, the sample
 review (highest and lowest rewards per window) and the measured effect of each reward-changelog entry.
+
+The sample review reads these ``samples.jsonl`` fields when present: ``step``, ``prompt``, ``completion``,
+``reward``, ``rewards`` ({component: value}), ``advantage`` (a number, or one per token), ``truncated``; for
+the per-token view ``tokens`` (the completion's tokens as strings) or ``completion_ids`` / ``token_ids``
+(shown as ids when no strings are logged) with ``loss_mask`` (0 = tool output or template, greyed); for
+agent runs ``messages`` (tool messages greyed when there is no per-token data), ``tool_calls``,
+``num_turns`` and ``end_reason``. Rows with an ``eval`` tag are held-out samples and are not reviewed.
 """
 
 from __future__ import annotations
