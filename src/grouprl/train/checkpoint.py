@@ -151,23 +151,27 @@ def truncate_logs(output_dir: str | Path, checkpoint: Path, log_bytes: dict[str,
 
 
 def set_learning_rate(optimizer: Any, scheduler: Any, lr: float) -> float | None:
-    """A resumed run with a new ``learning_rate``: scale every param group's current, initial and base lr
-    (and the scheduler's) by new/old, so the restored schedule continues at the new level. Returns the old
-    base lr when it changed, else None."""
+    """After a resume: a new ``learning_rate`` scales every param group's initial and base lr (and the
+    scheduler's) by new/old, and the current lr is recomputed from this run's schedule at the restored step
+    (so a new ``max_steps`` reshapes a decaying schedule from here on; unchanged, it is the saved value).
+    Returns the old base lr when it changed, else None."""
     base = list(getattr(scheduler, "base_lrs", [])) or [g.get("initial_lr", g["lr"]) for g in optimizer.param_groups]
     old = base[0]
-    if not old or abs(old - lr) <= 1e-12 * max(abs(old), abs(lr)):
-        return None
-    ratio = lr / old
+    changed = bool(old) and abs(old - lr) > 1e-12 * max(abs(old), abs(lr))
+    ratio = lr / old if changed else 1.0
     for g in optimizer.param_groups:
         g["lr"] *= ratio
         if "initial_lr" in g:
             g["initial_lr"] *= ratio
     if hasattr(scheduler, "base_lrs"):
         scheduler.base_lrs = [b * ratio for b in scheduler.base_lrs]
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas:  # the schedule of this run (a new max_steps changes its length): lr at the restored step
+        for g, b, fn in zip(optimizer.param_groups, scheduler.base_lrs, lambdas):
+            g["lr"] = b * fn(scheduler.last_epoch)
     if hasattr(scheduler, "_last_lr"):
         scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
-    return old
+    return old if changed else None
 
 
 def resolve_resume(resume: Any, output_dir: str | Path) -> Path | None:
