@@ -326,3 +326,9 @@ def test_a_dataset_without_answer_warns_before_the_model_loads(fast_config, tmp_
         "reward function 'code' reads the column `tests` / `test` / `test_list`, which is null in every row")
     assert missing_reward_columns(["accuracy", "code"], [dict(r) for r in TRAIN_ROWS]) == [
         missing_reward_columns(["code"], [{"prompt": "p"}])[0]]
+
+
+def test_an_output_dir_that_is_a_file_is_one_clear_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"output_dir '.*file' cannot be used: .*Fix: give output_dir"):
+        lock.acquire(tmp_path / "file")

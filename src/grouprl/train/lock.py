@@ -71,12 +71,17 @@ def acquire(output_dir: str | Path) -> str | None:
     if fcntl is None:  # pragma: no cover
         return None
     root = Path(output_dir)
-    root.mkdir(parents=True, exist_ok=True)
     key = root.resolve()
     if key in _held:
         _held[key][1] += 1
         return None
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise ConfigError(f"output_dir {str(output_dir)!r} cannot be used: {e.strerror or e} "
+                          f"({type(e).__name__}). Fix: give output_dir=<dir> a folder this user can create and "
+                          f"write.") from None
     if not _try_lock(fd):
         os.close(fd)
         raise ConfigError(_busy_message(output_dir, read_holder(root)))
