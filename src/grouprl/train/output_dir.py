@@ -12,6 +12,12 @@ run's checkpoints while keeping the old, higher-numbered ones. So, as in HF's ``
   the newest checkpoint and the fixes;
 * otherwise the earlier run's artefacts listed above are removed (only those names; the directory itself and
   any other file in it are left alone), so nothing of the old run mixes with the new one.
+
+Whether a run resumes is decided here too, before any model loads (:func:`decide_resume`, :func:`preflight`):
+``resume_from_checkpoint: auto`` (the recipes' setting) resumes an unfinished run and starts afresh after a
+finished one; ``--resume`` with no complete checkpoint yet starts a fresh run, saying so; a resume whose
+config changed is checked by ``grouprl.train.resume_config``. :func:`start_run` does all of it for the
+trainer, under the output_dir lock (``grouprl.train.lock``).
 """
 
 from __future__ import annotations
