@@ -296,3 +296,23 @@ def test_doc_code_blocks_are_the_example_files():
     assert shown == files, f"EXTENDING.md shows {sorted(shown)}, the folder has {sorted(files)}"
     for path, body in blocks:
         assert body == (ROOT / path).read_text(encoding="utf-8"), f"{path} differs from its block in EXTENDING.md"
+
+
+RESOLVED = re.compile(r">>> (GRPOConfig\(.*?\)(?:\.resolved\(\))?)[^\n]*\n(\{.*?\}|ConfigError: .*?)(?=\n>>>|\n```)", re.S)
+
+
+def test_algorithms_doc_shows_the_real_resolved_output():
+    import ast
+
+    from grouprl import GRPOConfig
+
+    section = (ROOT / "docs" / "ALGORITHMS.md").read_text(encoding="utf-8").split("## How the config picks")[1]
+    examples = RESOLVED.findall(section)
+    assert len(examples) == 4
+    for expr, shown in examples:  # the doc's own expressions, e.g. GRPOConfig(policy_loss="cispo").resolved()
+        if shown.startswith("ConfigError: "):
+            with pytest.raises(ConfigError) as err:
+                eval(expr, {"GRPOConfig": GRPOConfig})
+            assert " ".join(str(err.value).split()) == " ".join(shown.removeprefix("ConfigError: ").split())
+        else:
+            assert eval(expr, {"GRPOConfig": GRPOConfig}) == ast.literal_eval(shown), expr
