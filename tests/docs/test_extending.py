@@ -316,3 +316,19 @@ def test_algorithms_doc_shows_the_real_resolved_output():
             assert " ".join(str(err.value).split()) == " ".join(shown.removeprefix("ConfigError: ").split())
         else:
             assert eval(expr, {"GRPOConfig": GRPOConfig}) == ast.literal_eval(shown), expr
+
+
+def test_choosing_doc_preset_table_is_the_presets():
+    from grouprl.config.presets import ALGORITHM_PRESETS
+
+    text = (ROOT / "docs" / "CHOOSING.md").read_text(encoding="utf-8")
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| `")]
+    assert {r[0].strip("`") for r in rows} == set(ALGORITHM_PRESETS)
+    for name, loss, eps, adv, scale, agg, dyn, mask in rows:
+        p = ALGORITHM_PRESETS[name.strip("`")]
+        eps_low, eps_high = (float(x) for x in eps.split(" / "))
+        assert (loss.strip("`"), eps_low, eps_high, adv.strip("`"), agg.strip("`"), dyn) == (
+            p["policy_loss"], p["epsilon"], p["epsilon_high"], p["advantage"], p["loss_aggregation"],
+            p["dynamic_sampling"]), name
+        assert scale == p.get("scale_rewards", "group") and mask == str(p["mask_truncated_completions"]).lower()
+        assert p["kl_coef"] == 0.0
