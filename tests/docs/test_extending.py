@@ -172,6 +172,15 @@ def test_rewards_in_both_forms_plug_in_by_name_and_path():
     assert fn(["x" * 20, "x" * 10, chat], answer=["1", "2", "3"]) == [1.0, 0.5, 0.5]
 
 
+def test_reward_docstring_examples_hold():
+    import doctest
+
+    from extending import my_reward
+
+    result = doctest.testmod(my_reward, verbose=False)
+    assert result.attempted == 2 and result.failed == 0
+
+
 # ---- the backend --------------------------------------------------------------------------------------
 def test_backend_plugs_in_by_path(tiny_model_dir):
     from extending.my_backend import RecordingBackend
