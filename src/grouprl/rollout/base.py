@@ -31,6 +31,8 @@ class Rollout:
     prompt_ids [N,P] left-padded, prompt_mask [N,P], completion_ids [N,T] right-padded, completion_mask [N,T]
     (1 up to and including the first EOS), truncated [N] bool (no EOS within max_new_tokens),
     completions: decoded text without special tokens, prompts: the prompt text of each row.
+    rollout_logp [N,T]: the sampling engine's own log-prob of each sampled token (0 on padding), given by a
+    backend that samples with its own copy of the weights (vLLM); ``None`` when the trainer's model sampled.
     """
 
     prompt_ids: Any
@@ -40,6 +42,7 @@ class Rollout:
     truncated: Any
     completions: list[str]
     prompts: list[str]
+    rollout_logp: Any = None  # [N,T] fp32: the sampler's own log-prob of each sampled token (None: the trainer sampled)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -56,7 +59,8 @@ class Rollout:
         idx = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device)
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.truncated[idx],
-                       [self.completions[i] for i in index], [self.prompts[i] for i in index])
+                       [self.completions[i] for i in index], [self.prompts[i] for i in index],
+                       None if self.rollout_logp is None else self.rollout_logp[idx])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -81,7 +85,20 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([r.truncated for r in parts]),
         [c for r in parts for c in r.completions],
         [p for r in parts for p in r.prompts],
+        _concat_rollout_logp(parts, T, pad),
     )
+
+
+def _concat_rollout_logp(parts: list[Rollout], T: int, pad: Any) -> Any:
+    """The parts' ``rollout_logp`` stacked (0 on padding); None when no part has one."""
+    import torch
+
+    have = [r.rollout_logp is not None for r in parts]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError("concat_rollouts: some parts carry rollout_logp and some do not (one backend per round)")
+    return torch.cat([pad(r.rollout_logp, T, 0.0, False) for r in parts])
 
 
 class Backend(Protocol):

@@ -180,7 +180,8 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         i = torch.as_tensor(c, dtype=torch.long, device=device)
         T = max(int(r.completion_mask[i].sum(dim=1).max().item()) if len(c) else 1, 1)
         mbs.append(MicroBatch(r.prompt_ids[i], r.prompt_mask[i], r.completion_ids[i][:, :T],
-                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i]))
+                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i],
+                              rollout_logp=None if r.rollout_logp is None else r.rollout_logp[i][:, :T].float()))
     if ctx.reference is not None:
         with timers("ref_forward"), ctx.reference.context():
             for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
