@@ -207,6 +207,10 @@ class ServerEngine:
                 return json.loads(resp.read() or b"{}")
         except urllib.error.HTTPError as e:
             detail = e.read().decode("utf-8", "replace")[:2000]
+            try:
+                detail = json.loads(detail).get("error", detail)
+            except (ValueError, AttributeError):
+                pass
             raise EngineError(f"vLLM server {self.url}{path} answered {e.code}: {detail}") from e
         except (urllib.error.URLError, TimeoutError, OSError) as e:
             raise EngineError(f"vLLM server {self.url}{path} did not answer ({e}); timeout {timeout or self.timeout:g}s "

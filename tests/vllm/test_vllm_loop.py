@@ -1,0 +1,66 @@
+"""Whole training runs with ``rollout_backend: vllm`` on the fake engine: weights pushed once per generation
+round (not per optimizer step), and the mismatch metrics logged with the values the engine's offset implies."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import fake_vllm
+import pytest
+import torch
+
+from grouprl import GRPOConfig, GRPOTrainer
+
+ROWS = [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(8)]
+
+
+def _reward(completions, **kwargs):
+    return [sum(ch.isalpha() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def _train(tmp_path, model_dir, **overrides):
+    base = dict(output_dir=str(tmp_path / "out"), num_generations=4, per_device_train_batch_size=4,
+                gradient_accumulation_steps=2, max_new_tokens=6, max_prompt_length=64, max_steps=2,
+                learning_rate=1e-3, progress_bar=False, save_strategy="no", seed=0, eval_split=None,
+                rollout_backend="vllm", vllm_sleep=True)
+    cfg = GRPOConfig(**(base | overrides))
+    trainer = GRPOTrainer(model=str(model_dir), config=cfg, train_dataset=[dict(r) for r in ROWS], reward_funcs=_reward)
+    trainer.train()
+    with open(f"{cfg.output_dir}/metrics.jsonl") as f:
+        return trainer, [r for r in map(json.loads, f) if "reward" in r]
+
+
+def test_weights_are_pushed_once_per_generation_round(tiny_model_dir, tmp_path, monkeypatch):
+    fake_vllm.install(monkeypatch)
+    # 2 optimizer steps per round (steps_per_generation = 2 x gradient_accumulation_steps), 4 steps -> 2 rounds
+    trainer, records = _train(tmp_path, tiny_model_dir, max_steps=4, steps_per_generation=4)
+    kinds = [e[0] for e in fake_vllm.EVENTS if e[0] in ("load_weights", "generate")]
+    assert kinds == ["load_weights", "generate", "load_weights", "generate"]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    # the engine holds the weights of the start of the last round, not those after the last update
+    engine = dict(fake_vllm.INSTANCES[0].model.hf.named_parameters())
+    assert not all(torch.equal(engine[k], p) for k, p in trainer.model.named_parameters())
+
+
+@pytest.mark.parametrize(("offset", "abs_diff", "w_mean", "w_max"), [
+    (0.0, 0.0, 1.0, 1.0),                    # the engine agrees: TIS is the identity
+    (-0.5, 0.5, math.exp(0.5), math.exp(0.5)),  # 0.5 nat lower everywhere: weight e^0.5 = 1.649 < cap
+    (-1.0, 1.0, 2.0, 2.0),                    # 1 nat lower: e = 2.718 truncated at the cap 2
+])
+def test_tis_metrics_follow_the_engines_offset(tiny_model_dir, tmp_path, monkeypatch, offset, abs_diff, w_mean, w_max):
+    fake_vllm.install(monkeypatch, offset=offset)
+    _, records = _train(tmp_path, tiny_model_dir)
+    for rec in records:
+        assert rec["mismatch/logp_abs_diff"] == pytest.approx(abs_diff, abs=1e-4)
+        assert rec["mismatch/is_weight_mean"] == pytest.approx(w_mean, abs=1e-4)
+        assert rec["mismatch/is_weight_max"] == pytest.approx(w_max, abs=1e-4)
+        assert rec["mismatch/masked_frac"] == 0.0
+
+
+def test_sequence_mask_drops_every_sequence_of_a_far_off_engine(tiny_model_dir, tmp_path, monkeypatch):
+    fake_vllm.install(monkeypatch, offset=-1.0)  # geometric-mean ratio e = 2.718, outside [0.99, 1.01]
+    _, records = _train(tmp_path, tiny_model_dir, rollout_correction="mask")
+    for rec in records:
+        assert rec["mismatch/masked_frac"] == pytest.approx(1.0)
+        assert rec["loss/policy"] == 0.0 and rec["grad_norm"] == 0.0
