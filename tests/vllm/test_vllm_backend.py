@@ -162,3 +162,17 @@ def test_vllm_serve_cli_without_vllm_names_the_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", None)
     assert main(["vllm-serve", "builtin:tiny"]) == 2
     assert "pip install 'grouprl[vllm]'" in capsys.readouterr().err
+
+
+def test_a_folder_named_vllm_is_not_the_package(tmp_path, monkeypatch):
+    """A directory ``vllm/`` on sys.path (like this test folder) imports as a namespace package: not vLLM."""
+    from grouprl import GRPOConfig
+    from grouprl.rollout.vllm_backend import require_vllm
+
+    (tmp_path / "vllm").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'grouprl\[vllm\]'"):
+        GRPOConfig(rollout_backend="vllm").check_names()
+    with pytest.raises(ConfigError, match=r"is not the vLLM package.*pip install 'grouprl\[vllm\]'"):
+        require_vllm()

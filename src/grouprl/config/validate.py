@@ -198,7 +198,8 @@ def check_names(cfg: Any) -> None:
     if cfg.rollout_backend == "vllm" and cfg.vllm_mode == "colocate":
         import importlib.util
 
-        if importlib.util.find_spec("vllm") is None:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin is None:  # origin None: a namespace folder named vllm, not the package
             raise ConfigError("rollout_backend='vllm' (vllm_mode=colocate) needs the vllm package, which is not "
                               "installed. Fix: pip install 'grouprl[vllm]' (on a machine with a CUDA GPU), or "
                               "vllm_mode: server with a `grouprl vllm-serve MODEL` running elsewhere, or "

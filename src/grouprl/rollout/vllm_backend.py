@@ -44,12 +44,17 @@ class EngineError(GroupRLError, RuntimeError):
 
 def require_vllm() -> Any:
     """``import vllm``, or one ConfigError naming the extra to install."""
+    problem = ""
     try:
         import vllm
     except ImportError as e:
-        raise ConfigError(f"rollout_backend='vllm' needs the vllm package, which cannot be imported ({e}). Fix: "
+        vllm, problem = None, f"cannot be imported ({e})"
+    if vllm is not None and not hasattr(vllm, "LLM"):  # a folder named vllm on sys.path, not the package
+        problem = f"found at {list(getattr(vllm, '__path__', []))} is not the vLLM package"
+    if problem:
+        raise ConfigError(f"rollout_backend='vllm' needs the vllm package, which {problem}. Fix: "
                           f"{INSTALL_HINT} (on a machine with a CUDA GPU), or vllm_mode: server with a "
-                          f"`grouprl vllm-serve MODEL` running elsewhere, or rollout_backend: transformers.") from e
+                          f"`grouprl vllm-serve MODEL` running elsewhere, or rollout_backend: transformers.")
     return vllm
 
 
