@@ -14,7 +14,7 @@ per-token loss by a detached factor built from ``old_logp - rollout_logp``:
 - ``mask``: sequence-level masking (masked importance sampling, Liu, Li et al. 2025, "When Speed Kills
   Stability: Demystifying RL Collapse from the Training-Inference Mismatch"): a sequence whose
   length-normalised ratio ``exp(mean_t (old_logp_t - rollout_logp_t))`` (the geometric mean of its token
-  ratios, the form GSPO uses for its sequence ratio, arXiv 2507.18071 Eq. 7) leaves ``[low, high]`` gets
+  ratios, the form GSPO uses for its sequence ratio, arXiv 2507.18071 Eqs. 5-7) leaves ``[low, high]`` gets
   weight 0 on every token, every other sequence weight 1. It drops the rare badly mismatched sample
   instead of reweighting the many slightly mismatched ones.
 
