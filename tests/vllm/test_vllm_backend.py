@@ -176,3 +176,14 @@ def test_a_folder_named_vllm_is_not_the_package(tmp_path, monkeypatch):
         GRPOConfig(rollout_backend="vllm").check_names()
     with pytest.raises(ConfigError, match=r"is not the vLLM package.*pip install 'grouprl\[vllm\]'"):
         require_vllm()
+
+
+def test_moving_the_server_is_a_safe_change_on_resume():
+    from grouprl import GRPOConfig
+    from grouprl.train.resume_config import compare, config_record
+
+    saved = config_record(GRPOConfig(rollout_backend="vllm", vllm_mode="server"))
+    safe, unsafe = compare(saved, GRPOConfig(rollout_backend="vllm", vllm_mode="server",
+                                             vllm_server_url="http://10.0.0.2:8000", rollout_correction="mask"))
+    assert safe == {"vllm_server_url": ["http://127.0.0.1:8000", "http://10.0.0.2:8000"]}
+    assert list(unsafe) == ["rollout_correction"]  # another objective: refused
