@@ -238,8 +238,8 @@ class GRPOConfig:
     """Colocate: free the engine's GPU memory while the trainer computes (vLLM sleep mode level 1: KV cache
     dropped, weights offloaded to CPU memory), wake it to take new weights and generate."""
     vllm_max_model_len: int | None = None
-    """Longest prompt + completion the engine reserves KV cache for (``None`` = max_prompt_length +
-    max_new_tokens)."""
+    """Longest prompt + completion the engine reserves KV cache for (``None`` = max_prompt_length + the
+    larger of max_new_tokens and eval_max_new_tokens)."""
     vllm_kwargs: dict = field(default_factory=dict)
     """Extra keyword arguments for ``vllm.LLM`` in colocate mode, e.g. ``{enforce_eager: true}``."""
     rollout_correction: str = "auto"

@@ -61,8 +61,8 @@ def require_vllm() -> Any:
 def options_from(cfg: Any) -> dict[str, Any]:
     """The backend's keyword arguments, read from a GRPOConfig's ``vllm_*`` fields."""
     max_len = cfg.vllm_max_model_len
-    if max_len is None and cfg.max_prompt_length is not None:
-        max_len = cfg.max_prompt_length + cfg.max_new_tokens
+    if max_len is None and cfg.max_prompt_length is not None:  # room for training and evaluation completions
+        max_len = cfg.max_prompt_length + max(cfg.max_new_tokens, cfg.eval_max_new_tokens or 0)
     return {"mode": cfg.vllm_mode, "server_url": cfg.vllm_server_url, "timeout": cfg.vllm_server_timeout,
             "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "sleep": cfg.vllm_sleep,
             "max_model_len": max_len, "engine_kwargs": dict(cfg.vllm_kwargs), "sampling_seed": cfg.seed}
