@@ -34,10 +34,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
-from grouprl.envs.base import BadArgumentsError, ClassToolEnv, call_with_timeout, validate_arguments
+from grouprl.envs.base import BadArgumentsError, ClassToolEnv, ToolEnv, call_with_timeout, validate_arguments
 from grouprl.rewards.tool_call import parse_tool_blocks
 from grouprl.rollout.chat import load_chat_template, prompt_ids, stop_token_ids, tool_turn_ids
-from grouprl.rollout.trajectory import END_REASONS, Trajectory
+from grouprl.rollout.trajectory import END_REASONS, Trajectory, public_state
 
 GenerateFn = Callable[[list[list[int]], "list[int] | int", Any], list[list[int]]]
 CallToolFn = Callable[[Any, str, dict, float], "tuple[str, str | None]"]
@@ -77,6 +77,14 @@ def as_tool_env(obj: Any) -> Any:
     object seen through :class:`grouprl.envs.base.ClassToolEnv` (``reset(**row)``, public methods as tools,
     optional ``get_reward``)."""
     return obj if hasattr(obj, "call") and hasattr(obj, "tools") else ClassToolEnv(obj)
+
+
+def _env_object(env: Any) -> Any:
+    """The user's environment object behind ``env`` (``ToolEnv.instance``), or ``env`` itself."""
+    instance = getattr(env, "instance", None)
+    if instance is not None:
+        return instance
+    return object() if isinstance(env, ToolEnv) else env  # plain tools=: no state of their own
 
 
 @dataclass
@@ -171,6 +179,7 @@ class MultiTurnRollout:
     def _finish(self, live: _Live, reason: str) -> None:
         live.done, live.traj.end_reason = True, reason
         if live.env is not None:
+            live.traj.env_state = public_state(_env_object(live.env))
             try:
                 live.traj.env_reward = live.env.reward()
             except Exception as e:  # a broken reward scores this trajectory None (unscored), never the run
