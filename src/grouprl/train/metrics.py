@@ -19,6 +19,10 @@ What the logged numbers mean (one record per optimizer step):
   was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
 - ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
   (DAPO, arXiv:2503.14476, Sec. 3.2).
+- agent runs (tools or an environment, docs/AGENTS.md): ``tools/calls_per_traj``, ``tools/failure_frac``
+  (failed / all calls), ``turns/mean``, ``end_reason/<reason>`` fractions, ``tokens/model`` / ``tokens/tool``
+  per rollout, ``rewards/env/mean`` (the environment's ``get_reward``); ``completions/*_length`` count model
+  tokens only.
 - ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
   ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
 """
