@@ -39,7 +39,7 @@ def use_script(monkeypatch, turns: list[str], calls: list | None = None) -> None
     """Make the agent rollout sample ``turns`` instead of the tiny model's random text."""
     import grouprl.rollout.multiturn as mt
 
-    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tokenizer, stop_ids=None: scripted(tokenizer, turns, calls))
+    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tokenizer, stop_ids=None, **kw: scripted(tokenizer, turns, calls))
 
 
 def read_jsonl(path) -> list[dict]:

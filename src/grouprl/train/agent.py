@@ -27,6 +27,7 @@ class Agent:
     tool_timeout_s: float
     trajectory_timeout_s: float
     chat_template: str | None = None
+    lean_sampler: bool | None = None  # as the recipe's lean_sampler: None = the lean sampler on CPU
 
     def params(self, max_new_tokens: int) -> Any:
         from grouprl.rollout.multiturn import MultiTurnParams
@@ -96,7 +97,7 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
         return None
     factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
-                 cfg.chat_template)
+                 cfg.chat_template, cfg.lean_sampler)
 
 
 def rollout_rows(rows: list[dict], prompt_column: str, system_prompt: str | None) -> list[dict]:
@@ -119,7 +120,8 @@ def agent_rollout(agent: Agent, model: Any, tokenizer: Any, rows: list[dict], n:
     from grouprl.rollout.multiturn import MultiTurnRollout, hf_generate_fn
     from grouprl.rollout.trajectory import stack_trajectories
 
-    runner = MultiTurnRollout(tokenizer, hf_generate_fn(model, tokenizer), agent.params(params.max_new_tokens),
+    runner = MultiTurnRollout(tokenizer, hf_generate_fn(model, tokenizer, lean=agent.lean_sampler),
+                              agent.params(params.max_new_tokens),
                               env_factory=agent.env_factory, chat_template=agent.chat_template)
     trajs = runner.run(rollout_rows(rows, prompt_column, system_prompt), n, params)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
