@@ -50,6 +50,11 @@ def test_names_fail_at_start_up_before_the_model_loads(cfg, message):
                     reward_funcs=["accuracy"])
 
 
+def test_an_engine_backend_with_tools_is_refused():
+    with pytest.raises(ConfigError, match="rollout_backend='pkg.mod:Engine' serves single-turn runs"):
+        build_agent(GRPOConfig(environment="calculator", rollout_backend="pkg.mod:Engine"))
+
+
 def test_a_tool_without_a_docstring_fails_at_start_up():
     def bare(x: int) -> int:
         return x

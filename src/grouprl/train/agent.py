@@ -95,6 +95,10 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
                            None if isinstance(env, dict) else _import_name(env))
     if not uses_tools(cfg) and env is None:
         return None
+    if cfg.rollout_backend != "transformers":
+        raise ConfigError(f"rollout_backend={cfg.rollout_backend!r} serves single-turn runs; multi-turn tool "
+                          f"rollouts (tools / environment) generate with the training model. Fix: set "
+                          f"rollout_backend: transformers, or drop tools and environment.")
     factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
                  cfg.chat_template, cfg.lean_sampler)
