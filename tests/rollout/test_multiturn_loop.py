@@ -161,6 +161,34 @@ def test_trl_style_environment_class(tok):
     assert t.env_reward == 0.0
 
 
+class CountingEnv(TrlStyleEnv):
+    def reset(self, **row) -> str:
+        self.lookups, self.seen, self._secret, self.lock = 0, {"b"}, 1, __import__("threading").Lock()
+        return super().reset(**row)
+
+    def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key to look up.
+        """
+        self.lookups += 1
+        return super().lookup(key)
+
+    def get_reward(self) -> float:
+        self.scored = True
+        return super().get_reward()
+
+
+def test_env_state_holds_the_public_plain_data_after_the_reward(tok):
+    rows = [{"prompt": "go", "key": "b"}]
+    (t,) = run(tok, [['<tool_call>lookup(key="b")</tool_call>' + E, f"2{E}"]], rows=rows, env=CountingEnv)
+    # private (_secret) and non-data (a lock) attributes are left out; a set becomes a sorted list
+    assert t.env_state == {"key": "b", "found": "2", "lookups": 1, "seen": ["b"], "scored": True}
+    (t,) = run(tok, [[ANSWER]], env=None)
+    assert t.env_state == {}
+
+
 def test_no_environment_means_no_tools(tok):
     (t,) = run(tok, [[CALL_F, ANSWER]], env=None)
     assert t.tool_calls[0]["error"] == "unknown_tool" and "available tools: none" in t.tool_calls[0]["result"]

@@ -179,13 +179,13 @@ class MultiTurnRollout:
     def _finish(self, live: _Live, reason: str) -> None:
         live.done, live.traj.end_reason = True, reason
         if live.env is not None:
-            live.traj.env_state = public_state(_env_object(live.env))
             try:
                 live.traj.env_reward = live.env.reward()
             except Exception as e:  # a broken reward scores this trajectory None (unscored), never the run
                 log.warning("multi-turn rollout: %s.reward() raised %s: %s; env_reward=None",
                             type(live.env).__name__, type(e).__name__, e)
-            finally:
+            finally:  # the counters as the reward left them (e.g. code repair's passed / total)
+                live.traj.env_state = public_state(_env_object(live.env))
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
 
