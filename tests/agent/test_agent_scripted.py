@@ -65,3 +65,19 @@ def test_held_out_evaluation_is_multi_turn(tmp_path, tiny_model_dir, monkeypatch
     assert result["accuracy"] == 1.0 and result["tools/calls_per_traj"] == 1 and result["turns/mean"] == 2
     assert result["end_reason/answered"] == 1 and result["samples"][0]["tool_calls"][0]["result"] == "1"
     assert result["completion_length"] == result["tokens/model"]  # model tokens only
+
+
+def test_grouprl_eval_path_builds_the_agent_from_the_recipe(tmp_path, tiny_model_dir, monkeypatch):
+    """``evaluate_model`` without an agent (as ``grouprl eval`` calls it) reads tools / environment from the
+    config and runs multi-turn; the accuracy is that of the final answers."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grouprl.rewards import make_reward_func
+    from grouprl.train.evaluate import evaluate_model
+
+    use_script(monkeypatch, ["<tool_call>calculator(expression='{a} + {b}')</tool_call>" + E, "{sum}0" + E])
+    cfg = GRPOConfig(environment="calculator", max_new_tokens=96, eval_split=None, output_dir=str(tmp_path))
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    result = evaluate_model(cfg, model, tok, ROWS, make_reward_func("accuracy"))
+    assert result["accuracy"] == 0.0 and result["tools/calls_per_traj"] == 1 and result["tools/failure_frac"] == 0
+    assert result["samples"][0]["messages"][-1]["content"] == "10"  # 0 + 1 = 1, answered "10": wrong
