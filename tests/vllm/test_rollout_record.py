@@ -18,7 +18,7 @@ def _rollout(N, T, logp=True, start=0.0):
     mask = torch.ones(N, T, dtype=torch.long)
     lp = (start - torch.arange(N * T, dtype=torch.float32).reshape(N, T) / 10) if logp else None
     return Rollout(torch.ones(N, 2, dtype=torch.long), torch.ones(N, 2, dtype=torch.long),
-                   torch.full((N, T), 7), mask, torch.zeros(N, dtype=torch.bool), [""] * N, [""] * N, lp)
+                   torch.full((N, T), 7), mask, torch.zeros(N, dtype=torch.bool), [""] * N, [""] * N, rollout_logp=lp)
 
 
 def test_select_and_concat_carry_rollout_logp():

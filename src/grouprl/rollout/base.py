@@ -31,6 +31,9 @@ class Rollout:
     prompt_ids [N,P] left-padded, prompt_mask [N,P], completion_ids [N,T] right-padded, completion_mask [N,T]
     (1 up to and including the first EOS), truncated [N] bool (no EOS within max_new_tokens),
     completions: decoded text without special tokens, prompts: the prompt text of each row.
+    Multi-turn rollouts add ``loss_mask [N,T]`` (1 on model-sampled tokens, 0 on tool outputs and template
+    glue; ``None`` = every completion token was sampled) and ``trajectories`` (one
+    :class:`grouprl.rollout.trajectory.Trajectory` per row).
     rollout_logp [N,T]: the sampling engine's own log-prob of each sampled token (0 on padding), given by a
     backend that samples with its own copy of the weights (vLLM); ``None`` when the trainer's model sampled.
     """
@@ -42,6 +45,8 @@ class Rollout:
     truncated: Any
     completions: list[str]
     prompts: list[str]
+    loss_mask: Any = None
+    trajectories: list | None = None
     rollout_logp: Any = None  # [N,T] fp32: the sampler's own log-prob of each sampled token (None: the trainer sampled)
 
     def __len__(self) -> int:
@@ -60,11 +65,14 @@ class Rollout:
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.truncated[idx],
                        [self.completions[i] for i in index], [self.prompts[i] for i in index],
+                       None if self.loss_mask is None else self.loss_mask[idx],
+                       None if self.trajectories is None else [self.trajectories[i] for i in index],
                        None if self.rollout_logp is None else self.rollout_logp[idx])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Stack rollouts whose prompt/completion widths differ (prompts re-padded left, completions right)."""
+    """Stack rollouts whose prompt/completion widths differ (prompts re-padded left, completions right;
+    ``loss_mask`` right-padded with 0, carried when every part has one, as are ``trajectories``)."""
     import torch
 
     P = max(r.prompt_ids.shape[1] for r in parts)
@@ -85,6 +93,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([r.truncated for r in parts]),
         [c for r in parts for c in r.completions],
         [p for r in parts for p in r.prompts],
+        torch.cat([pad(r.loss_mask, T, 0, False) for r in parts]) if all(r.loss_mask is not None for r in parts)
+        else None,
+        [t for r in parts for t in r.trajectories] if all(r.trajectories is not None for r in parts) else None,
         _concat_rollout_logp(parts, T, pad),
     )
 

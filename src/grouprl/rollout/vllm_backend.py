@@ -327,7 +327,7 @@ class VLLMBackend:
             x.to(device) for x in (ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0), completion_ids,
                                    completion_mask, truncated, rollout_logp))
         return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts,
-                       [p for p in prompts for _ in range(n)], rollout_logp)
+                       [p for p in prompts for _ in range(n)], rollout_logp=rollout_logp)
 
 
 def _tokenize(tok: Any, prompts: list[str], max_prompt_length: int | None):
