@@ -64,3 +64,30 @@ def test_sequence_mask_drops_every_sequence_of_a_far_off_engine(tiny_model_dir, 
     for rec in records:
         assert rec["mismatch/masked_frac"] == pytest.approx(1.0)
         assert rec["loss/policy"] == 0.0 and rec["grad_norm"] == 0.0
+
+
+def test_server_mode_run_pushes_once_per_round_over_http(tiny_model_dir, tmp_path, monkeypatch):
+    import threading
+
+    from grouprl.cmd.vllm_serve import make_server
+
+    vllm = fake_vllm.install(monkeypatch, offset=-0.5)
+    llm = vllm.LLM(model=str(tiny_model_dir))
+    server = make_server(llm, vllm, "127.0.0.1", 0, model=str(tiny_model_dir))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _, records = _train(tmp_path, tiny_model_dir, max_steps=4, steps_per_generation=4, vllm_mode="server",
+                            vllm_server_url=f"http://127.0.0.1:{server.server_port}", vllm_server_timeout=30.0)
+    finally:
+        server.shutdown()
+        server.server_close()
+    kinds = [e[0] for e in fake_vllm.EVENTS if e[0] in ("load_weights", "generate")]
+    assert kinds == ["load_weights", "generate", "load_weights", "generate"]
+    assert [r["mismatch/is_weight_mean"] for r in records] == pytest.approx([math.exp(0.5)] * 4, abs=1e-4)
+
+
+def test_vllm_serve_arguments():
+    from grouprl.cli import build_parser
+
+    args = build_parser().parse_args(["vllm-serve", "builtin:tiny", "--port", "9001", "--enforce-eager"])
+    assert (args.model, args.port, args.enforce_eager, args.gpu_memory_utilization) == ("builtin:tiny", 9001, True, 0.9)
