@@ -47,3 +47,13 @@ def test_options_from_the_config():
     opts = options_from(cfg)
     assert opts["mode"] == "server" and opts["max_model_len"] == 180 and opts["engine_kwargs"] == {"enforce_eager": True}
     assert options_from(GRPOConfig(vllm_max_model_len=4096))["max_model_len"] == 4096
+
+
+def test_an_explicit_correction_without_engine_logprobs_is_an_error():
+    from grouprl.errors import ConfigError
+
+    cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                     max_new_tokens=3, rollout_backend="pkg.mod:Engine", rollout_correction="tis")
+    ctx = RunContext(cfg, None, None, None, None, None, None, contextlib.nullcontext, None)
+    with pytest.raises(ConfigError, match="reports no rollout_logp"):
+        micro_batches(ctx, RoundBatch(_rollout(4, 3, logp=False), torch.zeros(4)), Timers())

@@ -21,6 +21,7 @@ from grouprl.algo.advantages import zero_std_groups as algo_zero_std_groups
 from grouprl.config import GRPOConfig
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
+from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.evaluate import completions_for_rewards
@@ -193,6 +194,10 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     """Split the round into ``effective_steps_per_generation`` micro-batches (each trimmed to its longest
     completion) and attach the reference / old log-probs the loss needs."""
     cfg, r = ctx.cfg, batch.rollout
+    if r.rollout_logp is None and cfg.rollout_correction in ("tis", "mask"):  # never a silent no-op
+        raise ConfigError(f"rollout_correction={cfg.rollout_correction!r}, but rollout_backend="
+                          f"{cfg.rollout_backend!r} reports no rollout_logp (its own log-probs). Fix: "
+                          f"rollout_correction: auto, or a backend that sets Rollout.rollout_logp.")
     device = r.completion_ids.device
     loss_mask = r.completion_mask if r.loss_mask is None else r.loss_mask  # 0 on tool tokens (agent runs)
     if cfg.mask_truncated_completions:  # DAPO overlong filtering: truncated answers carry no signal
