@@ -194,7 +194,7 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     """Split the round into ``effective_steps_per_generation`` micro-batches (each trimmed to its longest
     completion) and attach the reference / old log-probs the loss needs."""
     cfg, r = ctx.cfg, batch.rollout
-    if r.rollout_logp is None and cfg.rollout_correction in ("tis", "mask"):  # never a silent no-op
+    if r.rollout_logp is None and getattr(cfg, "rollout_correction", "auto") in ("tis", "mask"):  # no silent no-op
         raise ConfigError(f"rollout_correction={cfg.rollout_correction!r}, but rollout_backend="
                           f"{cfg.rollout_backend!r} reports no rollout_logp (its own log-probs). Fix: "
                           f"rollout_correction: auto, or a backend that sets Rollout.rollout_logp.")
