@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.sandbox.config import configure_for_run
 
     if args.help_config:
+        defaults = GRPOConfig.field_defaults()
         for name, doc in GRPOConfig.field_docs().items():
-            print(f"{name}:\n    {doc}")
+            print(f"{name} (default: {defaults[name]}):\n    {doc}")
         return 0
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.check_names()
@@ -35,6 +37,11 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir(cfg, args.resume)  # an earlier run's checkpoints: refuse before any model loads
     if args.dry_run:
         import yaml
+
+        from grouprl.train.startup import dry_run
+
+        for note in dry_run(cfg, args.resume):  # the data and model checks a run makes before loading weights
+            print(note, file=sys.stderr)
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0

@@ -29,7 +29,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, prompt_column: str,
              system_prompt: str | None, max_new_tokens: int, max_prompt_length: int | None,
              temperature: float = 0.0, num_samples: int = 1, top_p: float = 1.0, batch_size: int = 32,
-             threshold: float = 1.0, ks: tuple[int, ...] = (1,)) -> dict[str, Any]:
+             threshold: float = 1.0, ks: tuple[int, ...] = (1,), chat_template: str = "auto") -> dict[str, Any]:
     """Decode ``num_samples`` completions per row (greedy when temperature == 0) and score them.
 
     A completion counts as correct for pass@k when its reward >= ``threshold``; ``None`` rewards (no
@@ -46,7 +46,7 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
     samples: list[dict] = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        texts = [render_prompt(r[prompt_column], tokenizer, system_prompt) for r in chunk]
+        texts = [render_prompt(r[prompt_column], tokenizer, system_prompt, chat_template) for r in chunk]
         out = backend.generate(texts, num_samples, params)
         expanded = [r for r in chunk for _ in range(num_samples)]
         columns = reward_columns(expanded, prompt_column)
@@ -95,7 +95,8 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
         return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
                         max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
-                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks)
+                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks,
+                        chat_template=cfg.apply_chat_template)
 
 
 def decoding_plan(cfg: Any, temperature: float | None, num_samples: int | None,

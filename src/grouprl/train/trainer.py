@@ -43,6 +43,9 @@ class GRPOTrainer:
         from grouprl.sandbox.config import configure_for_run
 
         configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
+        from grouprl.train import startup
+
+        startup.preflight(cfg, model=model)  # output_dir, model folder, dataset_kwargs: before data and weights
         from grouprl.train.model import (
             apply_peft,
             apply_torch_threads,
@@ -66,12 +69,19 @@ class GRPOTrainer:
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
         self.eval_reward_func = eval_reward_func
+        note = startup.eval_split_note(cfg, eval_dataset is not None, self.eval_dataset)
+        if note:
+            print(note)
+        self._used = dict(model=source, train_dataset=train_dataset if train_dataset is not None else cfg.dataset,
+                          reward_funcs=reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         if self.eval_dataset is not None and eval_reward_func is None:
             self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
 
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
+        startup.check_prompt_lengths(cfg, self.tokenizer, startup.model_context(source),
+                                     {"train": self.train_dataset, "eval": self.eval_dataset})
         import transformers
 
         transformers.set_seed(cfg.seed)
@@ -111,8 +121,12 @@ class GRPOTrainer:
         if removed:
             print(f"grouprl: removed {len(removed)} item(s) of an earlier run from {cfg.output_dir} "
                   f"({', '.join(sorted({p.name for p in removed})[:6])}{', ...' if len(removed) > 6 else ''})")
+        from grouprl.config.io import write_yaml
+        from grouprl.train.startup import check_resume_model, recorded_config, resume_path
+
+        check_resume_model(self.model.config.to_dict(), resume_path(resume_from_checkpoint, cfg))
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(Path(cfg.output_dir) / "config.yaml")
+        write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
         self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                             self.reward_funcs, self.eval_reward_func, resume=resume_from_checkpoint)
         final = save_final(self.model, self.tokenizer, Path(cfg.output_dir) / "final")
@@ -179,7 +193,9 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
     command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
-    if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
+    if not evals:  # no held-out split: there is nothing to re-evaluate on
+        lines.append("re-evaluate:  no held-out split in this run (set eval_split and a dataset that has it)")
+    elif cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
         lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
     else:
         lines.append(f"re-evaluate:  {command}")
