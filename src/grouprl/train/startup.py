@@ -125,12 +125,15 @@ def preflight(cfg: Any, *, model: Any = None) -> None:
 
 
 def dry_run(cfg: Any, resume: Any = None) -> list[str]:
-    """Every check ``grouprl train`` makes before loading weights, for ``--dry-run``: :func:`preflight`, then
-    the data (each line of a .jsonl file, every prompt row) and a resume's architecture when the model is a
+    """Every check ``grouprl train`` makes before loading weights, for ``--dry-run``: :func:`preflight`, the
+    reward functions (plug-ins are imported), the data (each line of a .jsonl file, every prompt row) and a resume's architecture when the model is a
     local folder. Returns the notes a real run would print."""
     from grouprl.data.load import check_data_file, check_rows, load_dataset_any
 
+    from grouprl.train.score import resolve_reward_funcs
+
     preflight(cfg)
+    resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)  # plug-ins import here
     notes = []
     if cfg.dataset is not None:
         import datasets
