@@ -129,7 +129,6 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     reward functions (plug-ins are imported), the data (each line of a .jsonl file, every prompt row) and a resume's architecture when the model is a
     local folder. Returns the notes a real run would print."""
     from grouprl.data.load import check_data_file, check_rows, load_dataset_any
-
     from grouprl.train.score import resolve_reward_funcs
 
     preflight(cfg)
