@@ -234,7 +234,7 @@ def test_a_single_file_without_eval_split_says_so_and_prints_no_broken_command(n
               "samples_path": "s"}
     print_summary(result, fast_config(dataset=str(data), eval_split="test"))
     out = capsys.readouterr().out
-    assert "grouprl eval" not in out and "no held-out split in this run" in out
+    assert "grouprl eval" not in out and "has no 'test' split, so this run has no held-out evaluation" in out
 
 
 def test_python_api_run_records_what_it_used(tiny_model_dir, train_rows, fast_config):

@@ -110,12 +110,10 @@ def check_dataset_kwargs(dataset: Any, kwargs: dict) -> None:
                               f"Known: {', '.join(own + gen)}.")
 
 
-def preflight(cfg: Any, *, model: Any = None) -> None:
-    """The checks that need neither data nor weights: output_dir, the model folder, dataset_kwargs."""
+def preflight(cfg: Any) -> None:
+    """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
+    folder is checked after the data, by ``grouprl.train.model.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
-    source = model if model is not None else cfg.model
-    if isinstance(source, str):
-        check_model_folder(source)
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint
     if isinstance(resume, str) and resume not in ("true", "false", "latest", ""):
@@ -147,6 +145,8 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
                 check_rows(ds.select(range(min(limit or len(ds), len(ds)))), cfg.prompt_column)
             elif split == cfg.eval_split:
                 notes.append(eval_split_note(cfg, False, None))
+    if isinstance(cfg.model, str):
+        check_model_folder(cfg.model)
     if isinstance(cfg.model, str) and (Path(cfg.model).expanduser() / "config.json").is_file():
         check_resume_model(_read_config(Path(cfg.model).expanduser()) or {}, resume_path(resume, cfg))
     return [n for n in notes if n]

@@ -45,7 +45,7 @@ class GRPOTrainer:
         configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
         from grouprl.train import startup
 
-        startup.preflight(cfg, model=model)  # output_dir, model folder, dataset_kwargs: before data and weights
+        startup.preflight(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
         from grouprl.train.model import (
             apply_peft,
             apply_torch_threads,
@@ -80,7 +80,9 @@ class GRPOTrainer:
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
-        startup.check_prompt_lengths(cfg, self.tokenizer, startup.model_context(source),
+        # the model's context from its config (not its weights); a name's tokenizer was loaded from its folder
+        folder = self.tokenizer.name_or_path if isinstance(source, str) and processing_class is None else source
+        startup.check_prompt_lengths(cfg, self.tokenizer, startup.model_context(folder),
                                      {"train": self.train_dataset, "eval": self.eval_dataset})
         import transformers
 
@@ -193,10 +195,11 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
     command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
-    if not evals:  # no held-out split: there is nothing to re-evaluate on
-        lines.append("re-evaluate:  no held-out split in this run (set eval_split and a dataset that has it)")
-    elif cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
+    if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
         lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
+    elif not evals:  # e.g. a single file: no held-out split, so a command would fail
+        lines.append(f"re-evaluate:  {cfg.dataset} has no {cfg.eval_split!r} split, so this run has no held-out "
+                     f"evaluation to repeat")
     else:
         lines.append(f"re-evaluate:  {command}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)
