@@ -52,8 +52,18 @@ TABLE = [
 ]
 
 
+@pytest.fixture(scope="module")
+def warm():
+    """Cold imports (torch through the registries, datasets) are paid once, outside the timed checks."""
+    import datasets  # noqa: F401
+
+    import grouprl.builtins
+
+    grouprl.builtins.load_builtins()
+
+
 @pytest.fixture
-def files(tmp_path, monkeypatch):
+def files(tmp_path, monkeypatch, warm):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the start-up checks failed")
 
@@ -102,3 +112,14 @@ def test_the_same_checks_run_in_the_trainer_before_the_model_loads(files):
         trainer(model="builtin:arithmetic", dataset="builtin:arithmetic", dataset_kwargs={"nn": 3})
     with pytest.raises(DataError, match="line 2 is not UTF-8"):
         trainer(model="builtin:arithmetic", dataset=str(files / "latin1.jsonl"))
+
+
+def test_dry_run_says_when_there_is_no_eval_split_and_downloads_nothing(files, capsys):
+    rows = "\n".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) for i in range(4))
+    (files / "one.jsonl").write_text(rows + "\n")
+    assert main(["train", *BASE, f"output_dir={files}/out", f"dataset={files}/one.jsonl", "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "grouprl: no evaluation: dataset" in err and "has no 'test' split" in err
+    start = time.perf_counter()  # a hub name is left for the run: no download, no network wait
+    assert main(["train", *BASE, f"output_dir={files}/out", "dataset=someorg/somedata", "--dry-run"]) == 0
+    assert time.perf_counter() - start < 3.0

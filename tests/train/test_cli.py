@@ -83,9 +83,14 @@ def test_overrides_may_stand_anywhere_and_resume_never_takes_one(tmp_path, monke
     (["--temperature", "0.7", "-n", "4", "--k", "1", "8"], "--k 8: pass@k needs 1 <= k <= the samples per prompt (4)"),
     (["--checkpoint", "./outputs/defualt/final"], "--checkpoint='./outputs/defualt/final': no such folder"),
     (["--checkpoint", "outputs/defualt/final"], "--checkpoint='outputs/defualt/final': no such folder"),
+    (["--checkpoint", "outputs/run"], "--checkpoint='outputs/run' is a grouprl run folder, not a model. Fix: use "
+                                      "outputs/run/final or outputs/run/checkpoint-3."),
+    (["--checkpoint", "outputs"], "--checkpoint='outputs' is a folder without config.json, so it is not a saved model"),
 ])
 def test_eval_arguments_that_cannot_work_are_errors(tmp_path, monkeypatch, capsys, args, fragment):
     monkeypatch.chdir(tmp_path)
+    for sub in ("outputs/run/final", "outputs/run/checkpoint-3"):
+        (tmp_path / sub).mkdir(parents=True)
     assert main(["eval", "-c", str(RECIPE), "dataset=builtin:arithmetic", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and fragment in err and err.count("\n") == 1, err

@@ -116,7 +116,7 @@ def preflight(cfg: Any) -> None:
     check_output_dir_writable(cfg.output_dir)
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint
-    if isinstance(resume, str) and resume not in ("true", "false", "latest", ""):
+    if isinstance(resume, str) and ("/" in resume or resume.startswith("checkpoint-")):
         if not Path(resume).expanduser().is_dir():
             raise ConfigError(f"resume_from_checkpoint={resume!r}: no such folder. Fix: give a checkpoint-<step> "
                               f"folder, or true for the newest one in output_dir.")
@@ -124,19 +124,21 @@ def preflight(cfg: Any) -> None:
 
 def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     """Every check ``grouprl train`` makes before loading weights, for ``--dry-run``: :func:`preflight`, the
-    reward functions (plug-ins are imported), the data (each line of a .jsonl file, every prompt row) and a resume's architecture when the model is a
-    local folder. Returns the notes a real run would print."""
+    reward functions (plug-ins are imported), local data (each line of a .jsonl file, every prompt row; a hub
+    dataset is not downloaded), the model folder and, when the model is a local folder, a resume's
+    architecture. Returns the notes a real run would print."""
     from grouprl.data.load import check_data_file, check_rows, load_dataset_any
     from grouprl.train.score import resolve_reward_funcs
 
     preflight(cfg)
     resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)  # plug-ins import here
     notes = []
-    if cfg.dataset is not None:
+    local = isinstance(cfg.dataset, str) and (cfg.dataset.startswith("builtin:") or Path(cfg.dataset).exists())
+    if local:  # a hub dataset is not downloaded by a dry run
+        check_data_file(cfg.dataset)  # before importing datasets: a bad line is named in milliseconds
         import datasets
 
         datasets.disable_progress_bars()  # a dry run prints the recipe, or one line of error
-        check_data_file(cfg.dataset)
         for split, limit in ((cfg.train_split, cfg.max_train_samples), (cfg.eval_split, cfg.max_eval_samples)):
             ds = None if split is None else load_dataset_any(cfg.dataset, split, **cfg.dataset_kwargs)
             if ds is None and split == cfg.train_split:
