@@ -56,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     "data": _MIDDLE | {"rewards"},  # a built-in task names its default reward and reuses its evaluator
     "envs": _MIDDLE | {"sandbox"},
     "rollout": _MIDDLE | {"envs", "rewards"},
-    "report": _MIDDLE,
+    "report": _MIDDLE | {"builtins"},  # the explainers load the registered functions
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train"},
     "cli": {ROOT, "errors", "cmd"},

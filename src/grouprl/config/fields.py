@@ -242,13 +242,20 @@ class GRPOConfig:
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (oldest removed first)."""
     resume_from_checkpoint: Any = None
-    """A checkpoint directory, or ``true`` for the latest one in output_dir."""
+    """A checkpoint directory; ``true`` for the latest one in output_dir (none yet: a fresh run); ``auto``:
+    resume an unfinished run in output_dir (checkpoints, no complete final/), else start afresh."""
 
     # ---- TRL aliases (resolved into the fields above) -------------------------------------------
     beta: float | None = None
     """Alias of kl_coef (TRL's name)."""
     max_completion_length: int | None = None
     """Alias of max_new_tokens (TRL's name)."""
+
+    # ---- run safety ------------------------------------------------------------------------------
+    max_rounds_without_reward: int = 3
+    """Stop with an error naming the reward functions if none of the first N generation rounds gave any
+    sample a reward (every function returned None: e.g. no ``answer`` column for ``accuracy``, no ``tests``
+    for ``code``). 0 disables the check."""
 
     # ---- prompts and checks -----------------------------------------------------------------------
     truncation: str = "left"

@@ -150,7 +150,9 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     if isinstance(cfg.model, str):
         check_model_folder(cfg.model)
     if isinstance(cfg.model, str) and (Path(cfg.model).expanduser() / "config.json").is_file():
-        check_resume_model(_read_config(Path(cfg.model).expanduser()) or {}, resume_path(resume, cfg))
+        from grouprl.train.output_dir import resume_checkpoint
+
+        check_resume_model(_read_config(Path(cfg.model).expanduser()) or {}, resume_checkpoint(cfg, resume))
     return [n for n in notes if n]
 
 
@@ -252,19 +254,6 @@ def check_resume_model(model_config: dict, checkpoint: Path | None) -> None:
             raise ConfigError(f"resuming from {str(checkpoint)!r}: its model has {key}={saved[key]!r} but the model "
                               f"given has {key}={model_config[key]!r}; a checkpoint resumes only the model it was "
                               f"saved from. Fix: set model= to the run's model, or start a fresh run.")
-
-
-def resume_path(resume: Any, cfg: Any) -> Path | None:
-    """The checkpoint folder a resume would read (None when not resuming or when there is none yet)."""
-    value = resume if resume is not None else cfg.resume_from_checkpoint
-    if value in (None, False, "", "false"):
-        return None
-    if value is True or value in ("true", "latest"):
-        root = Path(cfg.output_dir)
-        steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _CHECKPOINT.match(p.name))) \
-            if root.is_dir() else []
-        return steps[-1][1] if steps else None
-    return Path(value)
 
 
 # ---- what a run used ----------------------------------------------------------------------------------

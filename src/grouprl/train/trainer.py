@@ -68,6 +68,10 @@ class GRPOTrainer:
                               f"reward functions were given: one weight per function.")
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
+        from grouprl.train.reward_signal import warn_missing_reward_columns
+
+        warn_missing_reward_columns(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
+                                    self.train_dataset)  # no `answer` for accuracy: said before the model loads
         self.eval_reward_func = eval_reward_func
         note = startup.eval_split_note(cfg, eval_dataset is not None, self.eval_dataset)
         if note:
@@ -113,25 +117,26 @@ class GRPOTrainer:
 
         A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
         earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
-        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``)."""
+        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``).
+        The run holds ``<output_dir>/.lock`` throughout (``grouprl.train.lock``); SIGINT / SIGTERM save a
+        checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
+        of ``grouprl.train.resume_config.SAFE``."""
+        from grouprl.config.io import write_yaml
+        from grouprl.train.checkpoint import save_final_atomic
+        from grouprl.train.lock import run_lock
         from grouprl.train.loop import train
-        from grouprl.train.model import save_final
-        from grouprl.train.output_dir import prepare_output_dir
+        from grouprl.train.output_dir import resume_checkpoint, start_run
+        from grouprl.train.startup import check_resume_model, recorded_config
 
         cfg = self.config
-        removed = prepare_output_dir(cfg, resume_from_checkpoint)  # refuses to mix with an earlier run
-        if removed:
-            print(f"grouprl: removed {len(removed)} item(s) of an earlier run from {cfg.output_dir} "
-                  f"({', '.join(sorted({p.name for p in removed})[:6])}{', ...' if len(removed) > 6 else ''})")
-        from grouprl.config.io import write_yaml
-        from grouprl.train.startup import check_resume_model, recorded_config, resume_path
-
-        check_resume_model(self.model.config.to_dict(), resume_path(resume_from_checkpoint, cfg))
-        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
-        self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
-                            self.reward_funcs, self.eval_reward_func, resume=resume_from_checkpoint)
-        final = save_final(self.model, self.tokenizer, Path(cfg.output_dir) / "final")
+        with run_lock(cfg.output_dir):  # one run per output_dir (a second one refuses, naming this one)
+            resume = start_run(cfg, resume_from_checkpoint)  # resume or fresh; config checks; config.yaml
+            check_resume_model(self.model.config.to_dict(), resume_checkpoint(cfg, resume))  # before its weights
+            # config.yaml names what was used: a model object's path, '<python object: N rows>', reward import paths
+            write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
+            self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
+                                self.reward_funcs, self.eval_reward_func, resume=resume)
+            final = save_final_atomic(self.model, self.tokenizer, cfg.output_dir, self.result["global_step"])
         self.result["final_model"] = str(final)
         print_summary(self.result, cfg)
         return self.result
