@@ -123,3 +123,12 @@ def test_dry_run_says_when_there_is_no_eval_split_and_downloads_nothing(files, c
     start = time.perf_counter()  # a hub name is left for the run: no download, no network wait
     assert main(["train", *BASE, f"output_dir={files}/out", "dataset=someorg/somedata", "--dry-run"]) == 0
     assert time.perf_counter() - start < 3.0
+
+
+def test_make_says_so_before_installing_bubblewrap():
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    recipe = makefile.split("\nsandbox-deps:", 1)[1].split("\n\n", 1)[0]
+    said, installs = recipe.find("installing bubblewrap with apt-get"), recipe.find("apt-get install")
+    assert 0 <= said < installs, recipe  # one line before apt-get runs as root
