@@ -87,7 +87,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     rows = [ctx.rows[int(i)] for i in idx]
     params = ctx.sampling or sampling_params(cfg)
     with timers("generate"):
-        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template) for r in rows]
+        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
+                 for r in rows]
         with ctx.autocast():
             rollout = ctx.backend.generate(texts, G, params)
     with timers("reward"):
