@@ -244,6 +244,12 @@ class GRPOConfig:
     resume_from_checkpoint: Any = None
     """A checkpoint directory; ``true`` for the latest one in output_dir (none yet: a fresh run); ``auto``:
     resume an unfinished run in output_dir (checkpoints, no complete final/), else start afresh."""
+    review_window: int = 100
+    """Steps per sample-review window of the run report (``report.html`` in output_dir, rewritten at each
+    evaluation and checkpoint): the 20 highest- and 20 lowest-reward completions of each window."""
+    reward_changelog: list = field(default_factory=list)
+    """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
+    (``step`` optional) that the run report shows next to the measured effect."""
 
     # ---- TRL aliases (resolved into the fields above) -------------------------------------------
     beta: float | None = None

@@ -31,6 +31,7 @@ from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import reporting
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
 from grouprl.train.model import (
@@ -97,8 +98,10 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
                  "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
                  "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
-        return ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
+        path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
                                     total_limit=cfg.save_total_limit)
+        reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
+        return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     try:
@@ -178,3 +181,4 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
     logger.log_samples(step, [{"eval": tag, **s} for s in samples])
+    reporting.refresh(ctx.cfg.output_dir, ctx.cfg.review_window)

@@ -41,7 +41,7 @@ SAFE: dict[str, str] = {
         "logging_steps", "eval_steps", "eval_before_train", "eval_temperature", "eval_num_samples",
         "eval_batch_size", "eval_max_new_tokens", "eval_split", "eval_reward", "max_eval_samples", "save_strategy",
         "save_steps", "save_total_limit", "report_to", "run_name", "log_completions_steps",
-        "num_completions_to_log", "progress_bar")},
+        "num_completions_to_log", "progress_bar", "review_window", "reward_changelog")},
     "output_dir": "where the resumed run writes",
     "resume_from_checkpoint": "which checkpoint to continue from",
     "overwrite_output_dir": "only read by fresh runs",

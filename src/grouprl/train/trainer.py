@@ -61,6 +61,7 @@ class GRPOTrainer:
         from grouprl.train.score import resolve_reward_funcs
 
         self.device = pick_device(cfg.device)
+        self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                                  cfg.reward_kwargs)
         if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
@@ -122,6 +123,7 @@ class GRPOTrainer:
         checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
         of ``grouprl.train.resume_config.SAFE``."""
         from grouprl.config.io import write_yaml
+        from grouprl.train import reporting
         from grouprl.train.checkpoint import save_final_atomic
         from grouprl.train.lock import run_lock
         from grouprl.train.loop import train
@@ -134,10 +136,12 @@ class GRPOTrainer:
             check_resume_model(self.model.config.to_dict(), resume_checkpoint(cfg, resume))  # before its weights
             # config.yaml names what was used: a model object's path, '<python object: N rows>', reward import paths
             write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
+            reporting.write_meta(cfg, self._reward_specs)  # which rewards, in which version (run_meta.json)
             self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume)
             final = save_final_atomic(self.model, self.tokenizer, cfg.output_dir, self.result["global_step"])
         self.result["final_model"] = str(final)
+        self.result["report"] = str(reporting.refresh(cfg.output_dir, cfg.review_window) or "")
         print_summary(self.result, cfg)
         return self.result
 
@@ -196,6 +200,8 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"checkpoint:   {result['last_checkpoint']}")
     lines.append(f"metrics:      {result['metrics_path']}")
     lines.append(f"samples:      {result['samples_path']}")
+    if result.get("report"):
+        lines.append(f"report:       {result['report']}  (open it in a browser)")
     if result.get("tensorboard_dir"):
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
