@@ -58,7 +58,9 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": _MIDDLE | {"envs", "rewards"},
     "report": _MIDDLE | {"builtins"},  # the explainers load the registered functions
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
-    "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train"},
+    "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
+                      "serve"},
+    "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
     "cli": {ROOT, "errors", "cmd"},
     ROOT: {"algo", "rewards", "config", "train"},
     "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)
