@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"errors"},
     "types": {"errors"},
     "algo": {"errors", "registry", "types"},
-    "builtins": _BASE | {"algo", "rewards", "envs"},
+    "builtins": _BASE | {"algo", "rewards", "envs", "scorers"},
+    "scorers": _BASE | {"rewards"},  # learned rewards that need torch (reward_model), kept out of rewards/
     "config": _BASE | {"builtins"},
     "sandbox": _MIDDLE,
     "rewards": _BASE | {"sandbox"},  # no algo: rewards stay torch-free; sandbox for the code reward
