@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.grouprl-bench-installed
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup run test test-all lint bench clean sandbox-deps
+.PHONY: setup run test test-all lint bench clean sandbox-deps browser-deps
 
 setup: $(STAMP) sandbox-deps
 
@@ -33,10 +33,21 @@ OMP_NUM_THREADS ?= 1
 run: setup
 	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(BIN)/grouprl train -c $(RECIPE)
 
-test: setup
+# Headless Chromium lets the tests open the run report as a person would (tests/report/test_report_browser.py).
+# Installed for the tests only, where we run as root; elsewhere those tests skip and say why.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium with apt-get (headless browser for the report tests)"; \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1)) || \
+	    echo "note: could not install chromium; the browser tests of the run report will be skipped"; \
+	  else echo "note: chromium not found; the browser tests of the run report will be skipped"; fi; }
+
+test: setup browser-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS) -m "not slow"
 
-test-all: setup
+test-all: setup browser-deps
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
