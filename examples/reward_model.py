@@ -11,12 +11,13 @@ recipe's ``reward_funcs: [reward_model]`` would use it.
 
 What it leaves out: real preference data, a pretrained backbone, and a margin or regularisation term.
 
-What to expect (CPU, well under a minute on an idle core with the defaults): the training loss falls from ~0.69 (chance) and the
-held-out pairwise accuracy on "no answer line" rejections reaches ~1.0 within a few hundred steps; the
-"wrong result" pairs need the model to check the arithmetic and stay nearer chance at this size -- the
-reason a learned reward is mixed with rule rewards (or checked by them) in the recipes.
+What to expect (measured with the defaults, 60 steps: 92 s of CPU time, on a 2-core machine shared with other jobs):
+the training loss falls from 0.69 (chance) to 0.37, and the held-out pairwise accuracy is 1.0 on "no
+answer line" rejections but 0.42 on "wrong result" ones -- telling a wrong sum from a right one needs the
+model to check the arithmetic, which this size does not learn here. That is the reason a learned reward is
+mixed with rule rewards (or checked by them) in the recipes.
 
-    python examples/reward_model.py --steps 120 --out runs/tiny-rm
+    python examples/reward_model.py --out runs/tiny-rm
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def pairwise_accuracy(reward_fn, pairs: list[dict]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--pairs", type=int, default=200, help="training pairs")
     ap.add_argument("--hidden-size", type=int, default=32)

@@ -69,3 +69,37 @@ def test_the_cli_knows_serve():
 
     args = build_parser().parse_args(["serve", "builtin:arithmetic", "--port", "0"])
     assert args.model == "builtin:arithmetic" and args.port == 0 and args.host == "127.0.0.1"
+
+
+def test_grouprl_serve_command_starts_answers_and_stops(tiny_model_dir):
+    """The real command in a subprocess: it prints its URL (port 0 = a free port) and answers the judge."""
+    import os
+    import queue
+    import re
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "grouprl.cli", "serve", str(tiny_model_dir), "--port", "0", "--device", "cpu",
+           "--max-new-tokens", "4", "--name", "tiny-judge"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()
+    try:
+        line = ""
+        for _ in range(200):  # bounded: at most 200 waits of 2 s for the URL line
+            try:
+                line = lines.get(timeout=2)
+            except queue.Empty:
+                if proc.poll() is not None:
+                    break
+                continue
+            if "serving" in line:
+                break
+        url = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line)
+        assert url, f"no URL printed: {line!r} (exit code {proc.poll()})"
+        assert httpx2.get(url.group(1) + "/models", timeout=30).json()["data"][0]["id"] == "tiny-judge"
+        out = judge_reward(["q"], ["a"], base_url=url.group(1), model="tiny-judge", timeout_s=60, max_retries=0)
+        assert len(out) == 1 and (out[0] is None or 0 <= out[0] <= 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
