@@ -244,6 +244,13 @@ def judge_reward(prompts, completions, *, base_url: str | None = None, model: st
     environment variable holding its key (never the key itself). ``rubric``: ``open_qa``, ``retrieval``, or
     a template (see :func:`render_rubric`); the ``answer`` column is the reference. ``mode``: ``pointwise``
     or ``group`` (see the module docstring). ``cache_dir``: where replies are cached (``judge.sqlite``).
+
+    What a reply becomes (``scale`` 10): a score is divided by the scale; anything else is None.
+
+    >>> parse_pointwise('{"score": 7}', 10.0), parse_pointwise('{"score": 12}', 10.0)[0]
+    ((0.7, ''), None)
+    >>> parse_group('{"scores": [10, 2]}', 2, 10.0)[0]
+    [1.0, 0.2]
     """
     if mode not in MODES:
         raise ConfigError(f"judge: mode={mode!r}; use one of {', '.join(MODES)}.")

@@ -118,11 +118,19 @@ def retrieval_reward(prompts, completions, *, answer: Any = None, gold_ids: Any 
                      judge_weight: float = 0.5, min_citations: int = 2, max_citations: int = 4,
                      expected_searches: int = 3, max_tokens: int = 512, secrets: Sequence[str] = (),
                      log_metric: Any = None) -> list[float]:
-    """Hybrid retrieval reward in [0, 1] (module docstring): rules, plus an LLM judge when ``judge`` holds the
-    ``judge`` reward's options (``base_url``, ``model``, ...; rubric ``retrieval`` by default).
+    """Hybrid retrieval reward in [0, 1]: citation, answer, efficiency and safety rules, plus an optional judge.
 
-    ``tool_calls`` (one list of ``{name, arguments, result, error}`` per completion) is required: without
-    the trajectory's search results no citation can be checked.
+    ``judge`` holds the ``judge`` reward's options (``base_url``, ``model``, ...; rubric ``retrieval`` by
+    default); without it the rules alone score. ``tool_calls`` (one list of ``{name, arguments, result,
+    error}`` per completion) is required: without the trajectory's search results no citation can be checked.
+
+    >>> calls = [{"name": "search", "result": "[p20] France: ... Paris.\\n[p21] Paris: ... the Seine.", "error": None}]
+    >>> retrieval_reward(["On which river lies the capital of France?"] * 2,
+    ...                  ["Answer: Seine [p20] [p21]", "Answer: Seine [p21] [p33]"],
+    ...                  answer=["Seine"] * 2, gold_ids=[["p20", "p21"]] * 2, tool_calls=[calls] * 2)
+    [1.0, 0.2]
+
+    (The second cites [p33], which no search returned: support 0, so only safety's 0.2 is left.)
     """
     n = len(completions)
     if tool_calls is None:

@@ -18,7 +18,7 @@ def reward_model_reward(prompts, completions, *, path: str | None = None, device
                         dtype: str = "float32", batch_size: int = 8, max_length: int = 1024,
                         normalize: bool = False, clip: float | None = None,
                         label_index: int | None = None) -> list[float | None]:
-    """Score ``prompt + completion`` with a local Hugging Face sequence-classification reward model.
+    """Score the prompt and completion with a local Hugging Face sequence-classification reward model.
 
     ``path``: a directory (or hub id) holding an ``AutoModelForSequenceClassification`` and its tokenizer;
     the chat template is applied to ``[user: prompt, assistant: completion]`` when the tokenizer has one.
@@ -31,6 +31,13 @@ def reward_model_reward(prompts, completions, *, path: str | None = None, device
 
         reward_funcs: [reward_model]
         reward_kwargs: {reward_model: {path: runs/rm, normalize: true, clip: 5.0}}
+
+    Normalisation by hand: after raw scores 1 and 3 the running mean is 2 and the standard deviation 1, so
+    they become -1 and 1 (examples/reward_model.py trains a model and scores with it).
+
+    >>> from grouprl.scorers.reward_model import RunningStats
+    >>> stats = RunningStats(); stats.update([1.0, 3.0]); (stats.mean, stats.std)
+    (2.0, 1.0)
     """
     from grouprl.scorers.reward_model import get_scorer
 
