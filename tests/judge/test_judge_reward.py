@@ -203,3 +203,37 @@ def test_rubrics_take_the_reference_and_custom_templates():
 def test_agreement_between_judge_and_rules():
     assert judge_agreement([0.9, 0.2, 0.6], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
     assert judge_agreement([None], [1.0]) is None
+
+
+def test_the_concurrency_limit_caps_requests_in_flight():
+    import threading
+
+    lock, state = threading.Lock(), {"now": 0, "max": 0}
+
+    def slow(body):
+        with lock:
+            state["now"] += 1
+            state["max"] = max(state["max"], state["now"])
+        time.sleep(0.1)
+        with lock:
+            state["now"] -= 1
+        return 200, '{"score": 1}', 0.0, None
+
+    with FakeJudge(slow) as srv:
+        out = judge_reward(["q"] * 6, [f"a{i}" for i in range(6)], base_url=srv.base_url, model="m", concurrency=2)
+    assert out == [0.1] * 6 and state["max"] == 2
+
+
+def test_the_rate_limit_spaces_request_starts():
+    starts = []
+
+    def record(body):
+        starts.append(time.monotonic())
+        return 200, '{"score": 1}', 0.0, None
+
+    with FakeJudge(record) as srv:
+        judge_reward(["q"] * 4, [f"a{i}" for i in range(4)], base_url=srv.base_url, model="m", concurrency=4,
+                     rate_limit_per_s=5)
+    starts.sort()
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) == 4 and min(gaps) >= 0.15  # 1 / 5 s apart, less scheduling jitter
