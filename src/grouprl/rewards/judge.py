@@ -161,7 +161,8 @@ def group_slices(prompts: Sequence[Any] | None, n: int, num_generations: int | N
         g = int(num_generations)
         if g < 1 or n % g:
             raise RewardError(f"judge: {n} completions do not split into groups of num_generations={g}; "
-                              f"set num_generations to the trainer's group size G (N = B*G).")
+                              f"set num_generations to the trainer's group size G (N = B*G), or leave it unset "
+                              f"so that runs of the same prompt are the groups (evaluation batches differ).")
         return [range(i, i + g) for i in range(0, n, g)]
     if prompts is None:
         return [range(n)]
