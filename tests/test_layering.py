@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"errors"},
     "types": {"errors"},
     "algo": {"errors", "registry", "types"},
-    "builtins": _BASE | {"algo", "rewards", "envs"},
+    "builtins": _BASE | {"algo", "rewards", "envs", "scorers"},
+    "scorers": _BASE | {"rewards"},  # learned rewards that need torch (reward_model), kept out of rewards/
     "config": _BASE | {"builtins"},
     "sandbox": _MIDDLE,
     "rewards": _BASE | {"sandbox"},  # no algo: rewards stay torch-free; sandbox for the code reward
@@ -58,7 +59,9 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": _MIDDLE | {"envs", "rewards"},
     "report": _MIDDLE | {"builtins"},  # the explainers load the registered functions
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
-    "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train"},
+    "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
+                      "serve"},
+    "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
     "cli": {ROOT, "errors", "cmd"},
     ROOT: {"algo", "rewards", "config", "train"},
     "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)

@@ -16,7 +16,7 @@ import sys
 from grouprl import __version__
 from grouprl.errors import GroupRLError
 
-COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain"]
+COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
