@@ -6,7 +6,8 @@ Builds, locally and with random weights (nothing is downloaded), a Qwen2-archite
 parameters (Qwen2.5-0.5B's layer shape: hidden 896, 14 heads / 2 KV heads, MLP 4864; 30 layers; a byte-level
 BPE tokenizer with a 32k vocabulary trained here on synthetic text), then runs in separate child processes:
 
-- ``raw_vllm``: ``vllm.LLM.generate`` on the same prompt ids, G samples each (the ceiling for rollouts);
+- ``raw_vllm``: ``vllm.LLM.generate`` on the same prompt ids with the backend's SamplingParams, G samples
+  each (the ceiling for rollouts);
 - ``transformers``: ``GRPOTrainer`` with ``rollout_backend: transformers``;
 - ``vllm_colocate``: ``rollout_backend: vllm``, ``vllm_mode: colocate`` (engine on the trainer's GPU);
 - ``vllm_server`` (only with >= 2 GPUs): ``grouprl vllm-serve`` on GPU 1, the trainer on GPU 0.
@@ -16,6 +17,7 @@ run's mean step time, peak GPU memory (the trainer's torch allocations, and the 
 the run), and the mismatch metrics (``mismatch/*``) of the vLLM runs. On a machine without a CUDA GPU it
 prints ``{"status": "skipped", ...}`` and exits 0. vLLM runs are skipped (with the reason) when vllm is not
 installed. The figures describe throughput and plumbing only: a random model writes random text.
+``tests/vllm/test_gpu_check.py`` runs each child's measuring code on CPU (tiny model, fake vllm module).
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def rows(n: int) -> list[dict]:
 
 
 def digit_reward(completions, **kwargs):
-    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+    """Fraction of digits (chat prompts give completions as ``[{"role": "assistant", "content": ...}]``)."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [sum(ch.isdigit() for ch in t) / max(1, len(t)) for t in texts]
 
 
 # ---- children ------------------------------------------------------------------------------------------
@@ -153,8 +157,6 @@ def with_server(model_dir: Path, steps: int, name: str) -> dict:
 
 
 def run_child(name: str, model_dir: Path, steps: int, url: str | None) -> dict:
-    import torch
-
     if name == "raw_vllm":
         return raw_vllm(model_dir)
     from grouprl import GRPOConfig, GRPOTrainer
@@ -173,14 +175,11 @@ def run_child(name: str, model_dir: Path, steps: int, url: str | None) -> dict:
         wall = time.perf_counter() - start
         with open(f"{out}/metrics.jsonl") as f:
             recs = [r for r in map(json.loads, f) if "reward" in r]
-    free, total = torch.cuda.mem_get_info()
     n = G * PROMPTS_PER_STEP
     tokens = sum(r["completions/mean_length"] * n for r in recs)
     gen_s = sum(r["time/generate"] for r in recs)
     out = {"rollout_tokens_per_s": tokens / gen_s if gen_s else None, "generate_s": gen_s,
-           "step_time_s": [r["time/step"] for r in recs], "wall_s": wall,
-           "peak_torch_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
-           "device_used_gib_after": (total - free) / 2**30}
+           "step_time_s": [r["time/step"] for r in recs], "wall_s": wall, **_memory()}
     for key in ("mismatch/logp_abs_diff", "mismatch/is_weight_mean", "mismatch/is_weight_max", "mismatch/masked_frac"):
         if key in recs[0]:
             out[key] = [r[key] for r in recs]
@@ -189,24 +188,38 @@ def run_child(name: str, model_dir: Path, steps: int, url: str | None) -> dict:
 
 def raw_vllm(model_dir: Path) -> dict:
     """``vllm.LLM.generate`` on the trainer's prompts: G samples of MAX_NEW_TOKENS tokens at temperature 1."""
-    import torch
+    from types import SimpleNamespace
+
     import vllm
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, GenerationConfig
 
     from grouprl.data.load import render_prompt
+    from grouprl.rollout.base import SamplingParams
+    from grouprl.rollout.hf import eos_token_ids
+    from grouprl.rollout.vllm_backend import vllm_sampling_params
 
     tok = AutoTokenizer.from_pretrained(model_dir)  # the prompt ids the trainer's backends send
     prompts = [tok(render_prompt(r["prompt"], tok, None), add_special_tokens=False)["input_ids"] for r in rows(64)]
     llm = vllm.LLM(model=str(model_dir), gpu_memory_utilization=0.5, max_model_len=64 + MAX_NEW_TOKENS, seed=0)
-    sp = vllm.SamplingParams(n=G, temperature=1.0, max_tokens=MAX_NEW_TOKENS, logprobs=0)
+    eos = eos_token_ids(SimpleNamespace(generation_config=GenerationConfig.from_pretrained(model_dir)), tok)
+    sp = vllm_sampling_params(vllm, SamplingParams(MAX_NEW_TOKENS, temperature=1.0), G, eos)  # the backend's settings
     batch = [{"prompt_token_ids": ids} for ids in prompts[:PROMPTS_PER_STEP]]
     llm.generate(batch, sp, use_tqdm=False)  # warm-up (CUDA graphs, caches)
     start = time.perf_counter()
     outs = llm.generate(batch, sp, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
+    return {"rollout_tokens_per_s": tokens / seconds, "generate_s": seconds, "completion_tokens": tokens, **_memory()}
+
+
+def _memory() -> dict:
+    """Peak torch allocations of this process and the device's used memory now (GiB); {} without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
     free, total = torch.cuda.mem_get_info()
-    return {"rollout_tokens_per_s": tokens / seconds, "generate_s": seconds, "completion_tokens": tokens,
+    return {"peak_torch_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
             "device_used_gib_after": (total - free) / 2**30}
 
 
