@@ -183,7 +183,8 @@ class GRPOConfig:
     top_k: int = 0
     """Top-k sampling (0 = off; the same caveat as top_p)."""
     rollout_backend: str = "transformers"
-    """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
+    """Generation backend: ``transformers`` (generate with a KV cache), ``vllm`` (an engine with its own copy of
+    the weights; the ``vllm_*`` fields, docs/VLLM.md) or a plug-in ``package.module:Class``."""
     lean_sampler: bool | None = None
     """Use grouprl's lean KV-cache sampler (Llama / Qwen2 architectures) instead of ``model.generate`` for
     rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
