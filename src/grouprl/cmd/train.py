@@ -38,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
+    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo)
+        from grouprl.train.dpo import run_dpo
+
+        run_dpo(cfg, resume=args.resume)
+        return 0
     from grouprl.train import GRPOTrainer
 
     trainer = GRPOTrainer(config=cfg)

@@ -38,6 +38,9 @@ class GRPOTrainer:
             raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
                               f"`from grouprl import GRPOConfig`.")
         cfg.validate()
+        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
+            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo.run_dpo(config).")
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         from grouprl.sandbox.config import configure_for_run
