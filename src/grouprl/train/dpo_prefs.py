@@ -28,7 +28,7 @@ import torch
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.prefs import cache_dir_for, load_cached, pairs_from_samples, save_cached
 from grouprl.data.tasks import load_task
-from grouprl.errors import ConfigError
+from grouprl.errors import ConfigError, DataError
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.score import RewardScorer, resolve_reward_funcs
@@ -89,6 +89,11 @@ def arithmetic_prefs(cfg: Any, model: Any, tokenizer: Any, *, cache_dir: Any = N
     samples, rewards = sample_and_score(cfg, model, tokenizer, rows, build)
     pairs = pairs_from_samples(rows, samples, rewards, seed=cfg.seed, threshold=build["threshold"],
                                pairs_per_prompt=int(build["pairs_per_prompt"]))
+    if not pairs:
+        raise DataError(f"builtin:arithmetic_prefs: no pair from {len(rows)} prompts x {build['samples_per_prompt']} "
+                        f"samples: on every prompt the samples were all right, all wrong or cut at max_new_tokens="
+                        f"{cfg.max_new_tokens}. Fix: raise dataset_kwargs.samples_per_prompt or temperature, or "
+                        f"max_new_tokens, or start from a model that gets some answers right.")
     flat = [r for group in rewards for r in group]
     scored = [r for r in flat if not math.isnan(r)]
     meta = {"settings": settings, "num_prompts": len(rows), "samples_drawn": len(flat),
