@@ -11,6 +11,7 @@ import torch
 from dpo_helpers import PAIRS, ForwardCounter, dpo_config, load_tiny, write_pairs
 
 from grouprl.cli import main
+from grouprl.errors import DataError
 from grouprl.train.dpo import reference_logps, tokenize_pairs, train_dpo
 
 METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
@@ -69,6 +70,8 @@ def test_resume_gives_the_weights_of_an_uninterrupted_run(tiny_model_dir, tmp_pa
     assert result["global_step"] == 4 and counter.no_grad == 0 and counter.grad == 4  # steps 3 and 4 only
     for key, value in finals["full"].items():
         torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0)
+    with pytest.raises(DataError, match="reference log-probs of 8 pairs, but the data has 6"):
+        train_dpo(cfg, *load_tiny(tiny_model_dir), PAIRS[:6], resume=str(stopped / "checkpoint-2"))
     full, resumed = _records(tmp_path / "full" / "out"), _records(stopped)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]  # steps after the checkpoint were rewritten, not doubled
     for a, b in zip(full, resumed):

@@ -125,3 +125,13 @@ def test_no_pairs_is_a_clear_error(tiny_model_dir, tmp_path):
                      max_new_tokens=4)
     with pytest.raises(DataError, match="no pair from 3 prompts x 2 samples.*Fix: raise"):
         arithmetic_prefs(cfg, model, tok, cache_dir=tmp_path / "cache")
+
+
+def test_the_held_out_split_of_arithmetic_prefs_is_the_arithmetic_test_split():
+    from grouprl.data.load import load_dataset_any
+    from grouprl.data.tasks import load_task
+
+    held_out = load_dataset_any("builtin:arithmetic_prefs", "test", n=24, samples_per_prompt=4)
+    assert held_out.to_list() == load_task("arithmetic", "test", n=24).to_list()  # what `grouprl eval` reads
+    with pytest.raises(DataError, match="made from a model's own samples: train on it with `algorithm: dpo`"):
+        load_dataset_any("builtin:arithmetic_prefs", "train")

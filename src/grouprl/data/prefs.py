@@ -87,6 +87,34 @@ def is_builtin_prefs(spec: Any) -> bool:
     return isinstance(spec, str) and spec.startswith("builtin:") and spec.split(":", 1)[1] in BUILTIN_PREFS
 
 
+BUILD_KEYS = {"n": 1000, "samples_per_prompt": 8, "temperature": 1.0, "pairs_per_prompt": 1, "threshold": 1.0,
+              "batch": 64}
+"""dataset_kwargs of the arithmetic_prefs builder and their defaults; any other key goes to the arithmetic task."""
+
+
+def split_kwargs(dataset_kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(builder settings with defaults filled, the arithmetic task's keywords)."""
+    build = {k: dataset_kwargs.get(k, v) for k, v in BUILD_KEYS.items()}
+    task = {k: v for k, v in dataset_kwargs.items() if k not in BUILD_KEYS}
+    if int(build["samples_per_prompt"]) < 2:
+        raise DataError(f"dataset_kwargs.samples_per_prompt={build['samples_per_prompt']}: a pair needs at least "
+                        f"2 samples per prompt (8 is a good start).")
+    return build, task
+
+
+def builtin_prefs_split(name: str, split: str, **dataset_kwargs: Any):
+    """The held-out split of a built-in preference dataset: the ``arithmetic`` task's own test split (prompts
+    with answers, what GRPO evaluates on). Its training pairs come from a model's samples, so they are built by
+    ``grouprl train`` with ``algorithm: dpo`` (grouprl.train.dpo_prefs), not here."""
+    from grouprl.data.tasks import load_task
+
+    if split == "train":
+        raise DataError(f"builtin:{name} is made from a model's own samples: train on it with `algorithm: dpo` "
+                        f"(`grouprl train`), which builds and caches it.")
+    _, task = split_kwargs(dataset_kwargs)
+    return load_task("arithmetic", split, n=dataset_kwargs.get("n", BUILD_KEYS["n"]), **task)
+
+
 # ---- pairs from a model's own samples, labelled by a verifiable reward -----------------------------------
 def pairs_from_samples(rows: list[dict], samples: list[list[str]], rewards: list[list[float]], *, seed: int,
                        threshold: float = 1.0, pairs_per_prompt: int = 1) -> list[dict]:

@@ -220,7 +220,10 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     else:  # the reference log-probs of the start, saved with every checkpoint: the model has moved since
         saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
         stream.load_state(saved["data"])
-        for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist(), strict=True):
+        if saved["ref_logp"].shape[0] != len(pairs):
+            raise DataError(f"checkpoint {str(resume_path)!r} holds reference log-probs of {saved['ref_logp'].shape[0]} "
+                            f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
+        for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
             pair.ref_chosen, pair.ref_rejected = c, r
     ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
     if cfg.gradient_checkpointing:

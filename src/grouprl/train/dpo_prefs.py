@@ -26,26 +26,19 @@ from typing import Any
 import torch
 
 from grouprl.data.load import render_prompt, reward_columns
-from grouprl.data.prefs import cache_dir_for, load_cached, pairs_from_samples, save_cached
+from grouprl.data.prefs import (
+    builtin_prefs_split,
+    cache_dir_for,
+    load_cached,
+    pairs_from_samples,
+    save_cached,
+    split_kwargs,
+)
 from grouprl.data.tasks import load_task
-from grouprl.errors import ConfigError, DataError
+from grouprl.errors import DataError
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.score import RewardScorer, resolve_reward_funcs
-
-BUILD_KEYS = {"n": 1000, "samples_per_prompt": 8, "temperature": 1.0, "pairs_per_prompt": 1, "threshold": 1.0,
-              "batch": 64}
-"""dataset_kwargs of the builder and their defaults; any other key goes to the arithmetic task."""
-
-
-def split_kwargs(dataset_kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(builder settings with defaults filled, the arithmetic task's keywords)."""
-    build = {k: dataset_kwargs.get(k, v) for k, v in BUILD_KEYS.items()}
-    task = {k: v for k, v in dataset_kwargs.items() if k not in BUILD_KEYS}
-    if int(build["samples_per_prompt"]) < 2:
-        raise ConfigError(f"dataset_kwargs.samples_per_prompt={build['samples_per_prompt']}: a pair needs at least "
-                          f"2 samples per prompt (8 is a good start).")
-    return build, task
 
 
 def weights_digest(model: Any) -> str:
@@ -61,9 +54,7 @@ def eval_rows(cfg: Any) -> Any:
     """The held-out ``arithmetic`` split that the GRPO recipes evaluate on (max_eval_samples applied)."""
     if cfg.eval_split is None:
         return None
-    _, task = split_kwargs(cfg.dataset_kwargs)
-    n = cfg.dataset_kwargs.get("n", BUILD_KEYS["n"])
-    rows = load_task("arithmetic", "test", n=n, **task)
+    rows = builtin_prefs_split("arithmetic_prefs", cfg.eval_split, **cfg.dataset_kwargs)
     if cfg.max_eval_samples is not None:
         rows = rows.select(range(min(cfg.max_eval_samples, len(rows))))
     return rows
