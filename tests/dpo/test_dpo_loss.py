@@ -79,7 +79,7 @@ def test_step_normalisation_makes_micro_batches_add_up(tiny_model_dir, tmp_path)
         model.zero_grad()
         total = sum(micro_batch_loss(model, part, 2, cfg, tok.pad_token_id)[0] for part in split)
         total.backward()
-        grads.append((float(total), torch.cat([p.grad.flatten() for p in model.parameters()])))
+        grads.append((float(total.detach()), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-4, atol=1e-7)
 
