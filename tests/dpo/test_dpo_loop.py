@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,3 +118,25 @@ def test_dpo_config_is_accepted_and_checked(tmp_path, capsys):
         GRPOTrainer(model="unused", config=cfg)
     assert main(["train", "algorithm=dpo", "dataset=x.jsonl", "--dry-run"]) == 0
     assert "algorithm: dpo" in capsys.readouterr().out
+
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dpo.yaml"
+
+
+def test_the_dpo_recipe_validates(capsys):
+    import yaml
+
+    assert main(["train", "-c", str(RECIPE), "--dry-run"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert (cfg["algorithm"], cfg["dataset"], cfg["dpo_loss"], cfg["dpo_beta"]) == (
+        "dpo", "builtin:arithmetic_prefs", "sigmoid", 0.1)
+
+
+@pytest.mark.slow
+def test_the_dpo_recipe_beats_the_warm_start(tmp_path, capsys):
+    """The recipe's header claim: 9.0% -> 74.5% held-out (greedy, 200 prompts); asserted with a margin."""
+    assert main(["train", "-c", str(RECIPE), f"output_dir={tmp_path / 'dpo'}", "progress_bar=false",
+                 "eval_steps=0", "report_to=none"]) == 0
+    with open(tmp_path / "dpo" / "metrics.jsonl") as f:
+        evals = {r["eval/tag"]: r["eval/accuracy"] for r in map(json.loads, f) if "eval/accuracy" in r}
+    assert evals["before"] == pytest.approx(0.09) and evals["after"] > 0.5

@@ -135,3 +135,18 @@ def test_the_held_out_split_of_arithmetic_prefs_is_the_arithmetic_test_split():
     assert held_out.to_list() == load_task("arithmetic", "test", n=24).to_list()  # what `grouprl eval` reads
     with pytest.raises(DataError, match="made from a model's own samples: train on it with `algorithm: dpo`"):
         load_dataset_any("builtin:arithmetic_prefs", "train")
+
+
+def test_tokenised_pairs_end_as_the_model_must_end(tiny_model_dir, tmp_path):
+    from grouprl.train.dpo import tokenize_pairs
+
+    model, tok = load_tiny(tiny_model_dir)
+    cfg = dpo_config(tmp_path)
+    text, chat = tokenize_pairs([PAIRS[0], CHAT], tok, cfg)
+    assert tok.decode(text.chosen_ids) == "Answer: 1" + tok.eos_token  # text completions: EOS appended
+    assert tok.decode(text.prompt_ids) == PAIRS[0]["prompt"]
+    assert tok.decode(chat.prompt_ids) == "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(chat.chosen_ids) == "4<|im_end|>\n"  # chat completions end as the template ends a turn
+    assert tok.decode(chat.rejected_ids) == "5<|im_end|>\n"
+    with pytest.raises(DataError, match="row 0: chosen and rejected have the same first 1 tokens"):
+        tokenize_pairs([PAIRS[0]], tok, dpo_config(tmp_path, max_new_tokens=1))
