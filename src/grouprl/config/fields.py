@@ -242,7 +242,14 @@ class GRPOConfig:
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (oldest removed first)."""
     resume_from_checkpoint: Any = None
-    """A checkpoint directory, or ``true`` for the latest one in output_dir."""
+    """A checkpoint directory; ``true`` for the latest one in output_dir (none yet: a fresh run); ``auto``:
+    resume an unfinished run in output_dir (checkpoints, no complete final/), else start afresh."""
+    review_window: int = 100
+    """Steps per sample-review window of the run report (``report.html`` in output_dir, rewritten at each
+    evaluation and checkpoint): the 20 highest- and 20 lowest-reward completions of each window."""
+    reward_changelog: list = field(default_factory=list)
+    """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
+    (``step`` optional) that the run report shows next to the measured effect."""
 
     # ---- DPO (``algorithm: dpo``; grouprl.train.dpo) -------------------------------------------
     dpo_loss: str = "sigmoid"
@@ -261,6 +268,12 @@ class GRPOConfig:
     """Alias of kl_coef (TRL's name)."""
     max_completion_length: int | None = None
     """Alias of max_new_tokens (TRL's name)."""
+
+    # ---- run safety ------------------------------------------------------------------------------
+    max_rounds_without_reward: int = 3
+    """Stop with an error naming the reward functions if none of the first N generation rounds gave any
+    sample a reward (every function returned None: e.g. no ``answer`` column for ``accuracy``, no ``tests``
+    for ``code``). 0 disables the check."""
 
 
     def __post_init__(self) -> None:
