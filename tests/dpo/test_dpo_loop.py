@@ -97,6 +97,9 @@ def test_grouprl_train_cli_runs_three_dpo_steps(tiny_model_dir, tmp_path, capsys
     assert [e["eval/tag"] for e in evals] == ["before", "after"] and evals[0]["eval/num_prompts"] == 3
     assert main([*args, "max_steps=5", "--resume"]) == 0  # a finished run extends from its last checkpoint
     assert [r["step"] for r in _records(out)] == [1, 2, 3, 4, 5]
+    capsys.readouterr()
+    assert main([*args, "max_steps=6", "dpo_beta=0.5", "--resume"]) == 2  # the objective may not change mid-run
+    assert "dpo_beta: 0.2 -> 0.5" in capsys.readouterr().err
 
 
 def test_dpo_config_is_accepted_and_checked(tmp_path, capsys):

@@ -39,6 +39,8 @@ from grouprl.train import checkpoint as ckpt
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger
 from grouprl.train.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
+from grouprl.train.resume_config import config_record
+from grouprl.train.signals import GracefulStop
 from grouprl.train.step import SkipGuard, completion_logps
 
 LOSSES = {"sigmoid": dpo_sigmoid_loss, "ipo": dpo_ipo_loss}
@@ -225,6 +227,8 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
                             f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
         for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
             pair.ref_chosen, pair.ref_rejected = c, r
+        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
+        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
     ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
@@ -238,6 +242,14 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     def run_eval(tag: str) -> None:
         _evaluate(cfg, model, tokenizer, eval_rows, eval_reward_fn, logger, evals, tag, step)
 
+    def save() -> Any:
+        state = {"data": stream.state(), "ref_logp": ref_logp, "history": history, "evals": evals,
+                 "skipped_steps": guard.total, "log_bytes": ckpt.log_sizes(cfg.output_dir),
+                 "config": config_record(cfg)}
+        return ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
+                                    total_limit=cfg.save_total_limit)
+
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     try:
         if resume_path is None and cfg.eval_before_train:
             run_eval("before")
@@ -255,17 +267,24 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
             logger.advance(step, metrics)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}")
-            if cfg.save_strategy != "no" and (step == total_steps or step % cfg.save_steps == 0):
-                state = {"data": stream.state(), "ref_logp": ref_logp, "history": history, "evals": evals,
-                         "skipped_steps": guard.total}
-                ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
-                                     total_limit=cfg.save_total_limit)
+            saved_now = save() if _should_save(cfg, step, total_steps, len(pairs) // per_step) else None
+            if stop.requested:
+                raise stop.interrupted(step, saved_now or save())
+        stop.restore()
         run_eval("after")
     finally:
+        stop.restore()
         logger.close()
     return {"global_step": step, "total_steps": total_steps, "num_pairs": len(pairs), "history": history,
             "evals": evals, "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+
+
+def _should_save(cfg: Any, step: int, total_steps: int, steps_per_epoch: int) -> bool:
+    """Every save_steps (or epoch), and at the last step so that a longer run can --resume from it."""
+    if cfg.save_strategy == "no":
+        return False
+    return step == total_steps or step % (cfg.save_steps if cfg.save_strategy == "steps" else steps_per_epoch) == 0
 
 
 def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_fn: Any, logger: MetricsLogger,
@@ -285,12 +304,25 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_
 def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     """``grouprl train`` with ``algorithm: dpo``: check the pairs (before any model loads, for a dataset on
     disk), load the model, build ``builtin:arithmetic_prefs`` if named, train, save ``<output_dir>/final``."""
+    from grouprl.train.lock import run_lock
+    from grouprl.train.output_dir import preflight
+
+    if cfg.model is None or cfg.dataset is None:
+        raise DataError("algorithm: dpo needs `model` and `dataset` (preference pairs with prompt, chosen and "
+                        "rejected columns, or builtin:arithmetic_prefs).")
+    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
+        resume, _ = preflight(cfg, resume)  # resume or fresh, an earlier run's files, config changes
+        return _run_locked(cfg, resume)
+
+
+def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import json
 
     import transformers
 
     from grouprl.data.load import load_dataset_any
     from grouprl.data.prefs import is_builtin_prefs
+    from grouprl.train.checkpoint import save_final_atomic
     from grouprl.train.model import (
         apply_peft,
         apply_torch_threads,
@@ -299,14 +331,10 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
         load_tokenizer,
         pick_device,
         resolve_model_path,
-        save_final,
     )
-    from grouprl.train.output_dir import prepare_output_dir
+    from grouprl.train.output_dir import start_run
     from grouprl.train.score import resolve_reward_funcs
 
-    if cfg.model is None or cfg.dataset is None:
-        raise DataError("algorithm: dpo needs `model` and `dataset` (preference pairs with prompt, chosen and "
-                        "rejected columns, or builtin:arithmetic_prefs).")
     builtin = is_builtin_prefs(cfg.dataset)
     rows = evals = None
     if not builtin:  # bad rows fail here, before the model loads
@@ -331,14 +359,12 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
         print(f"grouprl: {meta['num_pairs']} preference pairs from {meta['samples_drawn']} samples "
               f"({meta['num_prompts']} prompts)", flush=True)
         transformers.set_seed(cfg.seed)  # a cached and a fresh build leave the same RNG for training
-    prepare_output_dir(cfg, resume)
-    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(Path(cfg.output_dir) / "config.yaml")
+    resume = start_run(cfg, resume)  # clears a finished run's files (fresh run); writes config.yaml
     if meta is not None:
         (Path(cfg.output_dir) / "prefs_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     eval_fn = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0] if evals is not None else None
     result = train_dpo(cfg, model, tokenizer, rows, evals, eval_fn, resume=resume)
-    result["final_model"] = str(save_final(model, tokenizer, Path(cfg.output_dir) / "final"))
+    result["final_model"] = str(save_final_atomic(model, tokenizer, cfg.output_dir, result["global_step"]))
     result["prefs"] = meta
     _print_summary(result, cfg)
     return result
