@@ -126,10 +126,10 @@ def test_dpo_config_is_accepted_and_checked(tmp_path, capsys):
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dpo.yaml"
 
 
-def test_the_dpo_recipe_validates(capsys):
+def test_the_dpo_recipe_validates(tmp_path, capsys):
     import yaml
 
-    assert main(["train", "-c", str(RECIPE), "--dry-run"]) == 0
+    assert main(["train", "-c", str(RECIPE), f"output_dir={tmp_path / 'dpo'}", "--dry-run"]) == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert (cfg["algorithm"], cfg["dataset"], cfg["dpo_loss"], cfg["dpo_beta"]) == (
         "dpo", "builtin:arithmetic_prefs", "sigmoid", 0.1)
