@@ -219,16 +219,8 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
     if resume_path is None:  # pi_ref = the model before any update
         reference_logps(model, pairs, cfg.per_device_train_batch_size, cfg.dpo_loss == "ipo", autocast, pad_id)
-    else:  # the reference log-probs of the start, saved with every checkpoint: the model has moved since
-        saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
-        stream.load_state(saved["data"])
-        if saved["ref_logp"].shape[0] != len(pairs):
-            raise DataError(f"checkpoint {str(resume_path)!r} holds reference log-probs of {saved['ref_logp'].shape[0]} "
-                            f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
-        for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
-            pair.ref_chosen, pair.ref_rejected = c, r
-        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
-        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
+    else:
+        saved.update(_restore(cfg, resume_path, pairs, model, optimizer, scheduler, stream))
     ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
@@ -278,6 +270,22 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     return {"global_step": step, "total_steps": total_steps, "num_pairs": len(pairs), "history": history,
             "evals": evals, "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+
+
+def _restore(cfg: Any, path: Any, pairs: list[Pair], model: Any, optimizer: Any, scheduler: Any,
+             stream: PromptStream) -> dict[str, Any]:
+    """Weights, optimizer, schedule, RNG and data position from checkpoint ``path``, and the reference
+    log-probs of the start saved with it (the model has moved since: they cannot be recomputed)."""
+    saved = ckpt.load_checkpoint(path, model, optimizer, scheduler)
+    stream.load_state(saved["data"])
+    if saved["ref_logp"].shape[0] != len(pairs):
+        raise DataError(f"checkpoint {str(path)!r} holds reference log-probs of {saved['ref_logp'].shape[0]} "
+                        f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
+    for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
+        pair.ref_chosen, pair.ref_rejected = c, r
+    ckpt.truncate_logs(cfg.output_dir, path, saved.get("log_bytes"))  # what the checkpoint covers
+    ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
+    return saved
 
 
 def _should_save(cfg: Any, step: int, total_steps: int, steps_per_epoch: int) -> bool:
