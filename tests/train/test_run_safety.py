@@ -195,7 +195,8 @@ def test_resume_with_no_checkpoint_starts_fresh_before_the_model_loads(tmp_path,
     out = tmp_path / "new"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"step": 1, "reward": 0.1}\n')  # killed before its first save
-    args = ["train", "-c", str(RECIPE), "model=/nonexistent", f"dataset={tmp_path}", f"output_dir={out}", "--resume"]
+    args = ["train", "-c", str(RECIPE), "model=builtin:arithmetic", "dataset=builtin:arithmetic", f"output_dir={out}",
+            "--resume"]  # a dry run checks the model folder and the data too: names that need no download
     assert main(args + ["--dry-run"]) == 0
     assert "holds no complete checkpoint yet (the run stopped before its first save): starting a fresh run" in \
         capsys.readouterr().out

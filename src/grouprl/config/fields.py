@@ -10,6 +10,7 @@ validates it (:mod:`grouprl.config.validate`); which fields the user set is reme
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field, fields
@@ -298,6 +299,19 @@ class GRPOConfig:
     sample a reward (every function returned None: e.g. no ``answer`` column for ``accuracy``, no ``tests``
     for ``code``). 0 disables the check."""
 
+    # ---- prompts and checks -----------------------------------------------------------------------
+    truncation: str = "left"
+    """A prompt longer than max_prompt_length tokens: ``left`` cuts it from the left (keeping the end, where
+    the question usually is) and warns once with the count of cut prompts; ``error`` stops at start-up naming
+    the first row that is too long."""
+    apply_chat_template: str = "auto"
+    """When the tokenizer's chat template renders a prompt. ``auto``: chat-message prompts (a list of
+    ``{role, content}``) always, plain-text prompts only when system_prompt is set (then they become a user
+    message after the system message); a plain-text prompt without system_prompt is fed as written, as
+    pretrained base models expect. ``always``: plain text too, as one user message (needs a tokenizer with a
+    chat template). ``never``: no template; the message contents (system_prompt first) are joined by new
+    lines. Without a chat template, ``auto`` joins the contents in the same way."""
+
 
     def __post_init__(self) -> None:
         presets.resolve_aliases(self)
@@ -379,6 +393,17 @@ class GRPOConfig:
     def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> GRPOConfig:
         """Load a YAML recipe (may be ``None``) and apply ``key=value`` overrides (dotted keys nest)."""
         return cls.from_dict(io.read_yaml(path, overrides))
+
+    @classmethod
+    def field_defaults(cls) -> dict[str, str]:
+        """field name -> its default as YAML writes it (``null``, ``true``, ``[accuracy]``, ``{}``)."""
+        import yaml
+
+        out = {}
+        for f in fields(cls):
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+        return out
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:

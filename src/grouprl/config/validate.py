@@ -20,6 +20,8 @@ CHOICES = {
     "save_strategy": ("steps", "epoch", "no"),
     "device": ("auto", "cpu", "cuda", "mps"),
     "missing_reward": ("exclude", "zero"),
+    "truncation": ("left", "error"),
+    "apply_chat_template": ("auto", "always", "never"),
     "dpo_loss": ("sigmoid", "ipo"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
@@ -133,11 +135,41 @@ def check_ranges(cfg: Any) -> None:
     _range(cfg, "epsilon_high", 0.0, 10.0,
            fix="the upper clip bound is 1 + epsilon_high (0.2-0.28 usual, 4e-4 for gspo)")
     _range(cfg, "lora_dropout", 0.0, 1.0, open_high=True)
+    _range(cfg, "adam_beta1", 0.0, 1.0, open_high=True, fix="AdamW's betas lie in [0, 1); 0.9 is usual")
+    _range(cfg, "adam_beta2", 0.0, 1.0, open_high=True, fix="AdamW's betas lie in [0, 1); 0.99 or 0.999 is usual")
+    _range(cfg, "adam_epsilon", 0.0, None, open_low=True, fix="1e-8 is usual")
+    _range(cfg, "weight_decay", 0.0, None, fix="0 turns weight decay off; 0.01-0.1 is usual")
+    for name, meaning in (("warmup_steps", "0 = use warmup_ratio"), ("eval_steps", "0 = only before and after "
+                          "training"), ("max_resample_rounds", "0 = no extra rounds"),
+                          ("log_completions_steps", "0 = never")):
+        _non_negative_int(cfg, name, meaning)
+    for name, meaning in (("max_prompt_length", "null = no limit beyond the model's context"),
+                          ("save_total_limit", "null = keep every checkpoint"), ("lora_r", "LoRA's rank; 8-64 is usual")):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name}={value!r} must be >= 1 ({meaning}).")
+    _range(cfg, "lora_alpha", 0.0, None, open_low=True, fix="2 x lora_r is usual")
+    check_lora_targets(cfg.lora_target_modules)
     if cfg.top_k < 0:
         raise ConfigError(f"top_k={cfg.top_k} must be >= 0 (0 = off).")
     if cfg.torch_num_threads is not None and cfg.torch_num_threads < 1:
         raise ConfigError(f"torch_num_threads={cfg.torch_num_threads!r} must be a whole number >= 1 "
                           f"(or null to leave torch's default).")
+
+
+def _non_negative_int(cfg: Any, name: str, meaning: str) -> None:
+    value = getattr(cfg, name)
+    if value < 0:
+        raise ConfigError(f"{name}={value!r} must be >= 0 ({meaning}).")
+
+
+def check_lora_targets(value: Any) -> None:
+    """``all-linear``, one module name, or a non-empty list of module names."""
+    ok = isinstance(value, str) and value.strip() or (
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip() for v in value))
+    if not ok:
+        raise ConfigError(f"lora_target_modules={value!r} must be 'all-linear', a module name or a non-empty list "
+                          f"of module names (e.g. [q_proj, v_proj]).")
 
 
 def check_consistency(cfg: Any) -> None:

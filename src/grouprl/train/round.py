@@ -92,7 +92,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     if ctx.agent is not None:
         return _sample_and_score_agent(ctx, rows, params, timers)
     with timers("generate"):
-        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt) for r in rows]
+        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
+                 for r in rows]
         with ctx.autocast():
             rollout = ctx.backend.generate(texts, G, params)
     with timers("reward"):
