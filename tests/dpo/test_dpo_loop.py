@@ -119,8 +119,22 @@ def test_dpo_config_is_accepted_and_checked(tmp_path, capsys):
         from grouprl import GRPOTrainer
 
         GRPOTrainer(model="unused", config=cfg)
-    assert main(["train", "algorithm=dpo", "dataset=x.jsonl", "--dry-run"]) == 0
+
+
+def test_dry_run_checks_the_pairs_and_the_model_folder(tiny_model_dir, tmp_path, capsys):
+    data = write_pairs(tmp_path / "data")
+    args = ["train", f"model={tiny_model_dir}", f"dataset={data}", "algorithm=dpo", f"output_dir={tmp_path / 'o'}",
+            "--dry-run"]
+    assert main(args) == 0
     assert "algorithm: dpo" in capsys.readouterr().out
+    write_pairs(tmp_path / "bad", pairs=[*PAIRS[:5], {"prompt": "x", "chosen": "y"}])
+    assert main([*args, f"dataset={tmp_path / 'bad'}"]) == 2
+    assert "row 5, column 'rejected': missing value" in capsys.readouterr().err
+    assert main([*args, "model=/no/such/model"]) == 2
+    assert "/no/such/model" in capsys.readouterr().err
+    assert main([*args, "dataset=builtin:arithmetic_prefs", "dataset_kwargs.samples_per_promt=4"]) == 2
+    err = capsys.readouterr().err
+    assert "dataset_kwargs.samples_per_promt is not an option" in err and "'samples_per_prompt'?" in err
 
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dpo.yaml"

@@ -42,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
         from grouprl.train.startup import dry_run
 
+        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.dpo)
+            from grouprl.train.dpo import dry_run_dpo as dry_run
         for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
             print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -66,9 +66,13 @@ def tokenize_pairs(rows: Any, tokenizer: Any, cfg: Any) -> list[Pair]:
     out = []
     for i in range(len(rows)):
         row = rows[i]
-        prompt_text = render_prompt(row["prompt"], tokenizer, cfg.system_prompt)
+        prompt_text = render_prompt(row["prompt"], tokenizer, cfg.system_prompt, cfg.apply_chat_template)
         prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
-        if cfg.max_prompt_length is not None:
+        if cfg.max_prompt_length is not None and len(prompt_ids) > cfg.max_prompt_length:
+            if cfg.truncation == "error":
+                raise DataError(f"row {i}: the prompt is {len(prompt_ids)} tokens, above max_prompt_length="
+                                f"{cfg.max_prompt_length} (truncation=error). Fix: shorten it, raise "
+                                f"max_prompt_length, or set truncation=left to cut it from the left.")
             prompt_ids = prompt_ids[-cfg.max_prompt_length:]
         sides = [_completion_ids(row, side, prompt_text, tokenizer, cfg)[: cfg.max_new_tokens]
                  for side in ("chosen", "rejected")]
@@ -83,8 +87,10 @@ def _completion_ids(row: dict, side: str, prompt_text: str, tokenizer: Any, cfg:
     value, eos = row[side], [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     if isinstance(value, str):
         return tokenizer(value, add_special_tokens=False)["input_ids"] + eos
-    if isinstance(row["prompt"], list) and getattr(tokenizer, "chat_template", None):
-        messages = list(row["prompt"])
+    templated = cfg.apply_chat_template == "always" or (cfg.apply_chat_template == "auto" and (
+        isinstance(row["prompt"], list) or cfg.system_prompt))
+    if templated and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": row["prompt"]}] if isinstance(row["prompt"], str) else list(row["prompt"])
         if cfg.system_prompt and messages[0].get("role") != "system":
             messages = [{"role": "system", "content": cfg.system_prompt}] + messages
         full = tokenizer.apply_chat_template(messages + list(value), tokenize=False)
@@ -315,12 +321,66 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     from grouprl.train.lock import run_lock
     from grouprl.train.output_dir import preflight
 
+    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
+        dpo_preflight(cfg)
+        resume, _ = preflight(cfg, resume)  # resume or fresh, an earlier run's files, config changes
+        return _run_locked(cfg, resume)
+
+
+def dpo_preflight(cfg: Any) -> None:
+    """The checks of ``grouprl.train.startup.preflight`` for a DPO run: output_dir writable, dataset_kwargs
+    (for builtin:arithmetic_prefs: the builder's keys and the arithmetic task's own)."""
+    from grouprl.data.prefs import BUILD_KEYS, is_builtin_prefs, split_kwargs
+    from grouprl.errors import ConfigError, did_you_mean
+    from grouprl.train import startup
+
     if cfg.model is None or cfg.dataset is None:
         raise DataError("algorithm: dpo needs `model` and `dataset` (preference pairs with prompt, chosen and "
                         "rejected columns, or builtin:arithmetic_prefs).")
-    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
-        resume, _ = preflight(cfg, resume)  # resume or fresh, an earlier run's files, config changes
-        return _run_locked(cfg, resume)
+    startup.check_output_dir_writable(cfg.output_dir)
+    if is_builtin_prefs(cfg.dataset):
+        for key, value in split_kwargs(cfg.dataset_kwargs)[1].items():
+            try:
+                startup.check_dataset_kwargs("builtin:arithmetic", {key: value})
+            except ConfigError as e:
+                raise ConfigError(f"{e} builtin:arithmetic_prefs adds {', '.join(BUILD_KEYS)}."
+                                  f"{did_you_mean(str(key), BUILD_KEYS)}") from e
+    else:
+        startup.check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
+
+
+def load_pairs(cfg: Any) -> tuple[Any, Any]:
+    """(training pairs, held-out rows) of a dataset on disk or the hub, checked row by row (no model needed);
+    ``(None, held-out rows)`` for builtin:arithmetic_prefs, whose pairs need the model's samples."""
+    from grouprl.data.load import load_dataset_any
+    from grouprl.data.prefs import is_builtin_prefs
+
+    rows = None
+    if not is_builtin_prefs(cfg.dataset):
+        rows = load_dataset_any(cfg.dataset, cfg.train_split, **cfg.dataset_kwargs)
+        if rows is None:
+            raise DataError(f"dataset {cfg.dataset!r} has no training split {cfg.train_split!r}.")
+        if cfg.max_train_samples is not None:
+            rows = rows.select(range(min(cfg.max_train_samples, len(rows))))
+        check_pref_rows(rows, where=f"dataset {cfg.dataset!r}")
+    evals = load_dataset_any(cfg.dataset, cfg.eval_split, **cfg.dataset_kwargs) if cfg.eval_split else None
+    if evals is not None and cfg.max_eval_samples is not None:
+        evals = evals.select(range(min(cfg.max_eval_samples, len(evals))))
+    return rows, evals
+
+
+def dry_run_dpo(cfg: Any, resume: Any = None) -> list[str]:
+    """``grouprl train --dry-run`` for ``algorithm: dpo``: every check made before the model loads (the
+    output folder and ``resume`` are checked by the caller, ``grouprl.train.output_dir.preflight``)."""
+    from grouprl.train import startup
+    from grouprl.train.score import resolve_reward_funcs
+
+    dpo_preflight(cfg)
+    resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)
+    _, evals = load_pairs(cfg)
+    if isinstance(cfg.model, str):
+        startup.check_model_folder(cfg.model)
+    return [n for n in [startup.eval_split_note(cfg, False, evals)] if n]
 
 
 def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
@@ -328,8 +388,8 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
 
     import transformers
 
-    from grouprl.data.load import load_dataset_any
     from grouprl.data.prefs import is_builtin_prefs
+    from grouprl.train import startup
     from grouprl.train.checkpoint import save_final_atomic
     from grouprl.train.model import (
         apply_peft,
@@ -344,18 +404,16 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     from grouprl.train.score import resolve_reward_funcs
 
     builtin = is_builtin_prefs(cfg.dataset)
-    rows = evals = None
-    if not builtin:  # bad rows fail here, before the model loads
-        rows = load_dataset_any(cfg.dataset, cfg.train_split, **cfg.dataset_kwargs)
-        if cfg.max_train_samples is not None:
-            rows = rows.select(range(min(cfg.max_train_samples, len(rows))))
-        check_pref_rows(rows, where=f"dataset {cfg.dataset!r}")
-        evals = load_dataset_any(cfg.dataset, cfg.eval_split, **cfg.dataset_kwargs) if cfg.eval_split else None
-        if evals is not None and cfg.max_eval_samples is not None:
-            evals = evals.select(range(min(cfg.max_eval_samples, len(evals))))
+    rows, evals = load_pairs(cfg)  # bad rows fail here, before the model loads
+    note = startup.eval_split_note(cfg, False, evals)
+    if note:
+        print(note, flush=True)
     check_model_source(cfg.model)
     apply_torch_threads(cfg)
-    tokenizer = load_tokenizer(resolve_model_path(cfg.model))
+    folder = resolve_model_path(cfg.model)
+    tokenizer = load_tokenizer(folder)
+    startup.check_prompt_lengths(cfg, tokenizer, startup.model_context(folder),
+                                 {"train": None if builtin else rows, "test": evals})
     transformers.set_seed(cfg.seed)
     model = apply_peft(load_model(cfg.model, pick_device(cfg.device)), cfg)
     meta = None

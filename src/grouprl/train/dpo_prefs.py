@@ -66,7 +66,8 @@ def arithmetic_prefs(cfg: Any, model: Any, tokenizer: Any, *, cache_dir: Any = N
     settings = {"name": "arithmetic_prefs", **build, "task_kwargs": task, "seed": cfg.seed,
                 "model": weights_digest(model), "max_new_tokens": cfg.max_new_tokens,
                 "max_prompt_length": cfg.max_prompt_length, "top_p": cfg.top_p, "top_k": cfg.top_k,
-                "system_prompt": cfg.system_prompt, "reward_funcs": [str(f) for f in cfg.reward_funcs],
+                "system_prompt": cfg.system_prompt,
+                "apply_chat_template": cfg.apply_chat_template, "reward_funcs": [str(f) for f in cfg.reward_funcs],
                 "reward_kwargs": cfg.reward_kwargs, "reward_weights": cfg.reward_weights,
                 "rollout_backend": cfg.rollout_backend, "lean_sampler": cfg.lean_sampler}
     path = cache_dir_for("arithmetic_prefs", settings, cache_dir)
@@ -115,7 +116,7 @@ def sample_and_score(cfg: Any, model: Any, tokenizer: Any, rows: list[dict],
             torch.manual_seed(cfg.seed)
             for start in range(0, len(rows), int(build["batch"])):
                 chunk = rows[start:start + int(build["batch"])]
-                out = backend.generate([render_prompt(r["prompt"], tokenizer, cfg.system_prompt) for r in chunk],
+                out = backend.generate([render_prompt(r["prompt"], tokenizer, cfg.system_prompt, cfg.apply_chat_template) for r in chunk],
                                        k, params)
                 expanded = [r for r in chunk for _ in range(k)]
                 prompts = [r["prompt"] for r in expanded]
