@@ -43,7 +43,7 @@ class GRPOTrainer:
         cfg.validate()
         if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
             raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
-                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo.run_dpo(config).")
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         from grouprl.sandbox.config import configure_for_run
