@@ -252,3 +252,23 @@ def test_python_api_run_records_what_it_used(tiny_model_dir, train_rows, fast_co
     assert saved["model"] == str(tiny_model_dir)
     assert saved["dataset"] == "<python object: 8 rows>"
     assert saved["reward_funcs"] == ["train_helpers:char_reward", "exact"]
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, (["countdown"], "countdown")),  # the task's own reward, for training and held-out evaluation
+    ({"reward_funcs": ["accuracy"]}, (["accuracy"], "countdown")),  # the user's choice stays
+    ({"eval_reward": "accuracy"}, (["countdown"], "accuracy")),
+])
+def test_a_builtin_task_brings_its_default_reward(given, expected):
+    from grouprl.config import GRPOConfig
+    from grouprl.train.startup import apply_task_defaults
+
+    cfg = GRPOConfig(dataset="builtin:countdown", **given)
+    apply_task_defaults(cfg)
+    assert (cfg.reward_funcs, cfg.eval_reward) == expected
+    arithmetic = GRPOConfig(dataset="builtin:arithmetic")
+    apply_task_defaults(arithmetic)
+    assert (arithmetic.reward_funcs, arithmetic.eval_reward) == (["accuracy"], "accuracy")
+    python_given = GRPOConfig(dataset="builtin:countdown")
+    apply_task_defaults(python_given, reward_funcs=[len])  # reward functions passed to GRPOTrainer win
+    assert python_given.reward_funcs == ["accuracy"]

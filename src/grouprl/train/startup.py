@@ -110,6 +110,24 @@ def check_dataset_kwargs(dataset: Any, kwargs: dict) -> None:
                               f"Known: {', '.join(own + gen)}.")
 
 
+def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
+    """A built-in task (``dataset: builtin:<task>``) brings its own reward: when the user set neither
+    ``reward_funcs`` (nor passed reward functions) nor ``eval_reward``, they become the task's (countdown
+    trains on ``countdown``: ``accuracy`` would pay for repeating the target, which is in the prompt).
+    Returns the names of the fields it filled."""
+    if not (isinstance(cfg.dataset, str) and cfg.dataset.startswith("builtin:")):
+        return []
+    from grouprl.data.tasks import get_task
+
+    task = get_task(cfg.dataset.split(":", 1)[1])
+    filled = []
+    if reward_funcs is None and "reward_funcs" not in cfg.explicit_fields and task.reward_funcs:
+        cfg.reward_funcs, filled = list(task.reward_funcs), filled + ["reward_funcs"]
+    if "eval_reward" not in cfg.explicit_fields and task.eval_reward:
+        cfg.eval_reward, filled = task.eval_reward, filled + ["eval_reward"]
+    return filled
+
+
 def preflight(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
     folder is checked after the data, by ``grouprl.train.model.check_model_source``.)"""
@@ -130,6 +148,7 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     from grouprl.data.load import check_data_file, check_rows, load_dataset_any
     from grouprl.train.score import resolve_reward_funcs
 
+    apply_task_defaults(cfg)
     preflight(cfg)
     resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)  # plug-ins import here
     notes = []
