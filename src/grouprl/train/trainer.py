@@ -40,13 +40,13 @@ class GRPOTrainer:
         if not isinstance(cfg, GRPOConfig):
             raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
                               f"`from grouprl import GRPOConfig`.")
+        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
+            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
         from grouprl.train.startup import apply_task_defaults
 
         apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
         cfg.validate()
-        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
-            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
-                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         from grouprl.sandbox.config import configure_for_run
