@@ -42,9 +42,16 @@ def run(args: argparse.Namespace) -> int:
 
         from grouprl.train.startup import dry_run
 
+        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.dpo_run)
+            from grouprl.train.dpo_run import dry_run_dpo as dry_run
         for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
             print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return 0
+    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run)
+        from grouprl.train.dpo_run import run_dpo
+
+        run_dpo(cfg, resume=args.resume)
         return 0
     from grouprl.train import GRPOTrainer
     from grouprl.train.signals import RunInterrupted

@@ -76,7 +76,8 @@ class GRPOConfig:
     # ---- algorithm ----------------------------------------------------------------------------
     algorithm: str | None = None
     """Preset: grpo (arXiv:2402.03300), gspo (arXiv:2507.18071), dr_grpo (arXiv:2503.20783), dapo
-    (arXiv:2503.14476) or rloo (arXiv:2402.14740); ``None`` = grpo. A preset fills only the algorithm fields
+    (arXiv:2503.14476), rloo (arXiv:2402.14740) or dpo (offline preference pairs, arXiv:2305.18290: the
+    ``dpo_*`` fields; no sampler, rewards or policy loss); ``None`` = grpo. A preset fills only the algorithm fields
     the user left unset, and its clip range (epsilon, epsilon_high) applies only while its own policy_loss
     is used: choose another loss and that loss gets its own defaults. ``grouprl list`` shows each preset."""
     policy_loss: str | None = None
@@ -315,6 +316,18 @@ class GRPOConfig:
     reward_changelog: list = field(default_factory=list)
     """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
     (``step`` optional) that the run report shows next to the measured effect."""
+
+    # ---- DPO (``algorithm: dpo``; grouprl.train.dpo) -------------------------------------------
+    dpo_loss: str = "sigmoid"
+    """Preference loss of ``algorithm: dpo``: ``sigmoid`` = DPO, -log sigmoid(beta * h) on the summed
+    completion log-probs (Rafailov et al., arXiv:2305.18290, Eq. 7); ``ipo`` = (h - 1/(2 beta))^2 on the
+    per-token mean log-probs (Azar et al., arXiv:2310.12036, Eq. 17), h = log-ratio margin of chosen over
+    rejected against the reference (the starting model)."""
+    dpo_beta: float = 0.1
+    """beta of DPO / tau of IPO (> 0): the implicit reward is beta * log(pi / pi_ref); smaller = further from
+    the reference."""
+    dpo_label_smoothing: float = 0.0
+    """cDPO's eps in [0, 0.5): the fraction of pairs assumed mislabelled (``dpo_loss: sigmoid`` only)."""
 
     # ---- TRL aliases (resolved into the fields above) -------------------------------------------
     beta: float | None = None

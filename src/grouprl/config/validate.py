@@ -22,6 +22,7 @@ CHOICES = {
     "missing_reward": ("exclude", "zero"),
     "truncation": ("left", "error"),
     "apply_chat_template": ("auto", "always", "never"),
+    "dpo_loss": ("sigmoid", "ipo"),
     "vllm_mode": ("colocate", "server"),
     "rollout_correction": ("auto", "tis", "mask", "none"),
 }
@@ -81,6 +82,8 @@ def check_batch(cfg: Any) -> None:
     _positive_ints(cfg, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                    "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size", "eval_num_samples",
                    "save_steps", "num_completions_to_log", "max_consecutive_skips", "review_window")
+    if cfg.algorithm == "dpo":  # offline: per_device_train_batch_size counts preference pairs, no groups
+        return check_dpo(cfg)
     G = cfg.num_generations
     if G < 2:
         raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs "
@@ -102,6 +105,18 @@ def check_batch(cfg: Any) -> None:
             f"per_device_train_batch_size, gradient_accumulation_steps or steps_per_generation so the "
             f"product is a multiple of {G} (e.g. {hi}{f' or {lo}' if lo else ''}), or change num_generations."
         )
+    if cfg.num_train_epochs <= 0 and cfg.max_steps <= 0:
+        raise ConfigError(f"num_train_epochs={cfg.num_train_epochs} and max_steps={cfg.max_steps}: set "
+                          f"num_train_epochs > 0 or max_steps > 0.")
+
+
+def check_dpo(cfg: Any) -> None:
+    """``algorithm: dpo``: its beta and label smoothing, and a length of training."""
+    _range(cfg, "dpo_beta", 0.0, None, open_low=True, fix="0.1 is usual")
+    _range(cfg, "dpo_label_smoothing", 0.0, 0.5, open_high=True)
+    if cfg.dpo_label_smoothing and cfg.dpo_loss != "sigmoid":
+        raise ConfigError(f"dpo_label_smoothing={cfg.dpo_label_smoothing} applies to dpo_loss 'sigmoid' only "
+                          f"(cDPO); dpo_loss={cfg.dpo_loss!r} has none. Fix: remove dpo_label_smoothing.")
     if cfg.num_train_epochs <= 0 and cfg.max_steps <= 0:
         raise ConfigError(f"num_train_epochs={cfg.num_train_epochs} and max_steps={cfg.max_steps}: set "
                           f"num_train_epochs > 0 or max_steps > 0.")
@@ -222,11 +237,12 @@ def check_names(cfg: Any) -> None:
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"report_to={cfg.report_to!r} includes wandb, which is not installed. Fix: "
                               f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
-    fns = resolved(cfg)
-    if cfg.gspo_use_engine_logp and fns["policy_loss"] not in ("gspo", "gspo_token"):
-        raise ConfigError(f"gspo_use_engine_logp=true with policy_loss={fns['policy_loss']!r}: only the "
-                          f"sequence-level losses (gspo, gspo_token) tolerate the engine's token-level noise in "
-                          f"their ratio. Fix: algorithm: gspo, or gspo_use_engine_logp: false.")
+    if cfg.algorithm != "dpo":  # dpo calls no registered policy loss or advantage
+        fns = resolved(cfg)
+        if cfg.gspo_use_engine_logp and fns["policy_loss"] not in ("gspo", "gspo_token"):
+            raise ConfigError(f"gspo_use_engine_logp=true with policy_loss={fns['policy_loss']!r}: only the "
+                              f"sequence-level losses (gspo, gspo_token) tolerate the engine's token-level noise "
+                              f"in their ratio. Fix: algorithm: gspo, or gspo_use_engine_logp: false.")
     if cfg.rollout_backend == "vllm" and cfg.vllm_mode == "colocate":
         import importlib.util
 

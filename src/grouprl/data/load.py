@@ -38,8 +38,11 @@ def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
         return datasets.Dataset.from_list(spec)
     text = str(spec)
     if text.startswith("builtin:"):
+        from grouprl.data.prefs import BUILTIN_PREFS, builtin_prefs_split
         from grouprl.data.tasks import load_task
 
+        if text.split(":", 1)[1] in BUILTIN_PREFS:  # preference pairs: held out = the task's prompts
+            return builtin_prefs_split(text.split(":", 1)[1], split, **kwargs)
         return load_task(text.split(":", 1)[1], split, **kwargs)
     path = Path(text)
     if path.is_file():

@@ -40,6 +40,9 @@ class GRPOTrainer:
         if not isinstance(cfg, GRPOConfig):
             raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
                               f"`from grouprl import GRPOConfig`.")
+        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
+            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
         from grouprl.train.startup import apply_task_defaults
 
         apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
