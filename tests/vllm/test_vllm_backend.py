@@ -164,6 +164,17 @@ def test_vllm_serve_cli_without_vllm_names_the_extra(monkeypatch, capsys):
     assert "pip install 'grouprl[vllm]'" in capsys.readouterr().err
 
 
+def _vllm_installed() -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version("vllm")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(_vllm_installed(), reason="the installed vllm package wins over a namespace folder")
 def test_a_folder_named_vllm_is_not_the_package(tmp_path, monkeypatch):
     """A directory ``vllm/`` on sys.path (like this test folder) imports as a namespace package: not vLLM."""
     from grouprl import GRPOConfig
