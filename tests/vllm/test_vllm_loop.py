@@ -91,3 +91,15 @@ def test_vllm_serve_arguments():
 
     args = build_parser().parse_args(["vllm-serve", "builtin:tiny", "--port", "9001", "--enforce-eager"])
     assert (args.model, args.port, args.enforce_eager, args.gpu_memory_utilization) == ("builtin:tiny", 9001, True, 0.9)
+
+
+def test_gspo_with_engine_logp_skips_the_old_logp_forward(tiny_model_dir, tmp_path, monkeypatch):
+    """The engine's log-probs are old_logp: the trainer's old-log-prob forward is not needed (arXiv 2507.18071)."""
+    fake_vllm.install(monkeypatch, offset=-0.5)
+    _, records = _train(tmp_path, tiny_model_dir, max_steps=2, steps_per_generation=4, algorithm="gspo",
+                        gspo_use_engine_logp=True)
+    assert all(r["time/old_logp_forward"] == 0.0 for r in records)
+    assert all(r["policy/ratio_mean"] > 1.0 for r in records)  # pi_theta / pi_engine: e^0.5 before any update
+    assert not any(k.startswith("mismatch/") for k in records[0])
+    _, records = _train(tmp_path / "b", tiny_model_dir, max_steps=2, steps_per_generation=4, algorithm="gspo")
+    assert records[1]["time/old_logp_forward"] > 0.0 or records[0]["time/old_logp_forward"] > 0.0

@@ -284,7 +284,7 @@ class GRPOConfig:
     gspo_use_engine_logp: bool = False
     """Sequence-level losses (gspo, gspo_token): use the engine's log-probs as old_logp, so the ratio is
     pi_theta / pi_engine and corrects the mismatch itself (no separate weight, rollout_correction auto
-    becomes none). Sequence ratios tolerate per-token precision noise (arXiv 2507.18071, on RL infrastructure), but
+    becomes none, and the trainer's old-log-prob forward is skipped). Sequence ratios tolerate per-token precision noise (arXiv 2507.18071, on RL infrastructure), but
     the clip range then spends part of its width on the mismatch: see docs/VLLM.md."""
 
     # ---- logging and checkpoints ----------------------------------------------------------------

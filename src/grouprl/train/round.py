@@ -221,7 +221,8 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         with timers("ref_forward"), ctx.reference.context():
             for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
                 mb.ref_logp = lp
-    if cfg.needs_old_logp:
+    engine_old = getattr(cfg, "gspo_use_engine_logp", False) and r.rollout_logp is not None  # the engine's are old_logp
+    if cfg.needs_old_logp and not engine_old:
         # With mu = 1 the first optimizer step's micro-batches are scored before any update: their old
         # log-probs are the current ones, which the loss takes as logp.detach() when old_logp is None.
         first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0
