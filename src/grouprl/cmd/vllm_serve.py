@@ -12,7 +12,9 @@ Routes (JSON unless said otherwise):
   tensors go to the engine's own ``model.load_weights``.
 - ``POST /reset_prefix_cache`` -> ``{}``.
 
-One request at a time (a plain ``HTTPServer``: the engine is not re-entrant); one GPU per server
+No authentication: anyone who reaches the port can replace the weights, so it listens on 127.0.0.1 unless
+``--host`` says otherwise; expose it only on a trusted network. One request at a time (a plain
+``HTTPServer``: the engine is not re-entrant); one GPU per server
 (``tensor_parallel_size`` 1). Weights travel over HTTP: simple and firewall-friendly, about a second per GB
 on a local network; NCCL transfer (vLLM's weight-transfer API) is not implemented here.
 """
@@ -27,7 +29,8 @@ from typing import Any
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("vllm-serve", help="serve a model with vLLM for training with vllm_mode: server")
     p.add_argument("model", help="hub id, local folder or builtin:<name> (the same model the trainer starts from)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all "
+                   "interfaces: there is no authentication, use a trusted network)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="fraction of the GPU's memory vLLM may take (default 0.9: the GPU is the server's)")
