@@ -15,8 +15,8 @@ Routes (JSON unless said otherwise):
 No authentication: anyone who reaches the port can replace the weights, so it listens on 127.0.0.1 unless
 ``--host`` says otherwise; expose it only on a trusted network. One request at a time (a plain
 ``HTTPServer``: the engine is not re-entrant); one GPU per server
-(``tensor_parallel_size`` 1). Weights travel over HTTP: simple and firewall-friendly, about a second per GB
-on a local network; NCCL transfer (vLLM's weight-transfer API) is not implemented here.
+(``tensor_parallel_size`` 1). Weights travel over HTTP: simple and firewall-friendly, bounded by the
+network (1 GB of bf16 weights is about 8 s at 1 Gbit/s; not measured here); NCCL transfer (vLLM's weight-transfer API) is not implemented here.
 """
 
 from __future__ import annotations
