@@ -31,6 +31,7 @@ from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
+from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
 from grouprl.train.model import (
@@ -53,9 +54,11 @@ __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_sa
 
 
 def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
-          eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
-    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict."""
+          eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
+    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
+    (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
     load_builtins()
+    agent = agent if agent is not None else build_agent(cfg)
     device = next(model.parameters()).device
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
@@ -84,7 +87,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                            resume_step=step)
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
-                     train_rows, step, total_steps, sampling)
+                     train_rows, step, total_steps, sampling, agent)
     run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
     try:
         if resume_path is None and cfg.eval_before_train:
@@ -158,7 +161,8 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
         return
     rows = [eval_rows[i] for i in range(len(eval_rows))]
     ctx.backend.sync_weights(ctx.model)  # an engine with its own weight copy evaluates the current policy
-    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend)
+    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend,
+                            agent=ctx.agent)
     samples = result.pop("samples")
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
