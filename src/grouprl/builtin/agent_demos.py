@@ -30,7 +30,8 @@ def tool_conversation(row: dict, *, call: bool, typo: tuple[str, str] | None = N
     ``call=True``: call the calculator with the row's expression (or the mistyped one of ``typo =
     (expression, value)``), read its reply, answer with it. ``call=False``: answer at once.
     """
-    messages = [{"role": "user", "content": row["prompt"]}]
+    prompt = row["prompt"]
+    messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if not call:
         return messages + [{"role": "assistant", "content": f"Answer: {row['answer']}"}]
     expression, value = typo if typo is not None else (row["work"], row["answer"])

@@ -2,11 +2,11 @@
 
 Each task is a generator plus a reward recipe (the reward names a recipe should train and evaluate with):
 
-| task          | prompt (a plain string)                                   | answer  | reward recipe            |
+| task          | prompt                                                    | answer  | reward recipe            |
 | ------------- | --------------------------------------------------------- | ------- | ------------------------ |
 | ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
 | ``countdown`` | reach a target with + - * from given numbers               | target  | ``countdown``            |
-| ``calculator``| "What is 4817 * 36 + 529?" (3-4 digit numbers)             | ``"173941"`` | ``accuracy``        |
+| ``calculator``| a user message "What is 4817 * 36 + 529?" (6-digit answer) | ``"173941"`` | ``accuracy``        |
 
 Demonstrations (for the bundled SFT warm start, :mod:`grouprl.builtin.warmstart`) use the format
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
@@ -181,22 +181,29 @@ from grouprl.rewards.countdown import safe_eval as _safe_eval  # noqa: E402
 _CALC_FORMS = ["{a} * {b} + {c}", "{a} * {b} - {c}", "{c} + {a} * {b}"]
 
 
-def make_calculator(rng: random.Random, *, a_digits: int = 4, b_digits: int = 2, c_digits: int = 3) -> dict[str, Any]:
+def make_calculator(rng: random.Random, *, a_digits: int = 4, b_digits: int = 2, c_digits: int = 3,
+                    answer_digits: int | None = 6) -> dict[str, Any]:
     """"What is 4817 * 36 + 529?": a product of an ``a_digits`` and a ``b_digits`` number plus or minus a
-    ``c_digits`` number (the default answers have 5-7 digits, beyond a 0.8M-parameter model's head).
+    ``c_digits`` number, beyond what a 0.8M-parameter model computes in its head.
 
-    The answer is the exact integer; ``work`` is the expression as written in the prompt (what a tool
+    Problems are redrawn until the answer has ``answer_digits`` digits (``None``: any), so every
+    prompt, tool call and tool reply of one expression form has the same number of tokens.
+    The prompt is one chat message (so it is rendered by the chat template whether or not tools are on);
+    the answer is the exact integer; ``work`` is the expression as written in the prompt (what a tool
     call passes to the ``calculator`` environment, :mod:`grouprl.envs.calculator`).
     """
     def draw(digits: int) -> int:
         return rng.randint(10 ** (digits - 1), 10**digits - 1)
 
-    form = rng.randrange(len(_CALC_FORMS))
-    a, b, c = draw(a_digits), draw(b_digits), draw(c_digits)
-    expression = _CALC_FORMS[form].format(a=a, b=b, c=c)
-    value = a * b + c if "+" in expression else a * b - c
-    return {"prompt": f"What is {expression}?", "answer": str(value), "key": f"{form}|{a}|{b}|{c}",
-            "work": expression}
+    while True:
+        form = rng.randrange(len(_CALC_FORMS))
+        a, b, c = draw(a_digits), draw(b_digits), draw(c_digits)
+        expression = _CALC_FORMS[form].format(a=a, b=b, c=c)
+        value = a * b + c if "+" in expression else a * b - c
+        if answer_digits is None or len(str(value)) == answer_digits:
+            break
+    return {"prompt": [{"role": "user", "content": f"What is {expression}?"}], "answer": str(value),
+            "key": f"{form}|{a}|{b}|{c}", "work": expression}
 
 
 # --------------------------------------------------------------------------- registry and loading
@@ -339,4 +346,8 @@ def mistyped_expression(row: dict, rng: random.Random) -> tuple[str, str]:
 def corpus(task: str, n: int = 2000) -> list[str]:
     """Texts (prompts + demonstrations) to train a tokenizer on for ``task``."""
     rows = generate_rows(task, "train", n=n, seed=12345)
-    return [row["prompt"] + demonstration(task, row) for row in rows]
+    return [_prompt_text(row["prompt"]) + demonstration(task, row) for row in rows]
+
+
+def _prompt_text(prompt: str | list[dict]) -> str:
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt) + "\n"
