@@ -113,8 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-steps", type=int, default=10)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agent_calculator.json"))
     ap.add_argument("--runs-dir", default=str(ROOT / "outputs" / "agent_curve"))
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON at --out")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return 0
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     load_before = os.getloadavg()
