@@ -26,7 +26,7 @@ Built-in names (see ``WARMSTARTS``):
 - ``calculator``: a tool user for ``What is 4817 * 36 + 529?`` (recipes/agent_calculator.yaml). Its
   demonstrations are chat conversations rendered by the tiny chat template, token for token as the
   multi-turn rollout (:mod:`grouprl.rollout.multiturn`) builds them; the loss covers only the assistant
-  turns, never the tool's reply. A minority call the calculator and copy its result
+  turns, never the tool's reply. Half call the calculator and copy its result
   (``<tool_call>calculator(expression="4817 * 36 + 529")</tool_call>``, tool: ``173941``,
   ``Answer: 173941``), some of them with a mistyped expression (so a wrong answer); the rest answer at
   once with the right number, which the tiny model cannot compute, so it learns the format of a direct
@@ -108,8 +108,8 @@ WARMSTARTS: dict[str, WarmStart] = {
     "arithmetic": WarmStart(direct_fraction=0.6, hasty_error=0.5),
     "arithmetic-noisy": WarmStart(noise=0.3),
     "countdown": WarmStart(task="countdown", sft_steps=600),
-    "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.3, noise=0.2,
-                            no_tools_fraction=0.5, sft_steps=1000),
+    "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
+                            no_tools_fraction=0.5, sft_steps=1200),
 }
 
 
