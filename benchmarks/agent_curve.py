@@ -3,7 +3,8 @@
 Trains ``recipes/agent_calculator.yaml`` through the real ``GRPOTrainer`` (multi-turn rollouts with the
 ``calculator`` environment, held-out evaluation every ``--eval-steps``), then evaluates the warm start
 and the trained model once more WITHOUT the tool (``environment: null``: the prompt lists no tools and a
-tool call would go unanswered) -- the baseline of what the same model does from its head. Writes the
+tool call would go unanswered) -- the baseline of what the same model does from its head -- and greedily
+with the tool (the curve itself uses the recipe's eval_temperature). Writes the
 curve to JSON and a PNG::
 
     python benchmarks/agent_curve.py                      # benchmarks/results/agent_calculator.{json,png}
@@ -67,15 +68,17 @@ def train(recipe: str, eval_steps: int, run_dir: Path, overrides: list[str]) -> 
             "train_seconds": round(elapsed, 1), "wall_seconds": round(wall, 1), "steps": result["global_step"]}
 
 
-def without_tool(cfg, checkpoint: str | None) -> dict:
-    """Greedy held-out accuracy of ``checkpoint`` (``None``: the recipe's model) with no tool available."""
+def greedy(cfg, checkpoint: str | None, *, tool: bool) -> dict:
+    """Greedy held-out accuracy of ``checkpoint`` (``None``: the recipe's model), with the recipe's tool
+    or with no tool available (``environment: null``)."""
     from dataclasses import replace
 
     from grouprl.cmd.eval import evaluate_checkpoint
 
-    result = evaluate_checkpoint(replace(cfg, environment=None, tools=[]), checkpoint, temperature=0.0,
-                                 num_samples=1, ks=())
-    return {"accuracy": result["accuracy"], "completion_length": result["completion_length"]}
+    run_cfg = cfg if tool else replace(cfg, environment=None, tools=[])
+    result = evaluate_checkpoint(run_cfg, checkpoint, temperature=0.0, num_samples=1, ks=())
+    return {"accuracy": result["accuracy"], "completion_length": result["completion_length"],
+            "tool_calls_per_traj": result.get("tools/calls_per_traj", 0.0)}
 
 
 def plot(report: dict, path: Path) -> None:
@@ -87,16 +90,17 @@ def plot(report: dict, path: Path) -> None:
     curve = report["curve"]
     steps = [p["step"] for p in curve]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    ax1.plot(steps, [100 * p["accuracy"] for p in curve], marker="o", label="with the calculator (greedy)")
+    decoding = "greedy" if report["eval_temperature"] == 0 else f"T={report['eval_temperature']:g}"
+    ax1.plot(steps, [100 * p["accuracy"] for p in curve], marker="o", label=f"with the calculator ({decoding})")
     ax1.axhline(100 * report["baseline_without_tool"]["warm_start"]["accuracy"], color="gray", ls="--",
-                label="warm start without the tool")
+                label="warm start without the tool (greedy)")
     ax1.set_xlabel("optimizer step")
     ax1.set_ylabel("held-out accuracy (%)")
     ax1.set_ylim(-2, 102)
     ax1.legend(loc="upper left")
     per_step = report["per_step"]
     ax2.plot([p["step"] for p in per_step], [p["tool_calls_per_traj"] for p in per_step], label="train (T=1)")
-    ax2.plot(steps, [p["tool_calls_per_traj"] for p in curve], marker="o", label="held-out (greedy)")
+    ax2.plot(steps, [p["tool_calls_per_traj"] for p in curve], marker="o", label=f"held-out ({decoding})")
     ax2.set_xlabel("optimizer step")
     ax2.set_ylabel("tool calls per trajectory")
     ax2.legend(loc="upper left")
@@ -125,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     run = train(args.config, args.eval_steps, Path(args.runs_dir), args.overrides)
     load_after = os.getloadavg()
     cfg = run.pop("config")
-    baseline = {"warm_start": without_tool(cfg, None), "trained": without_tool(cfg, run["final"])}
+    baseline = {"warm_start": greedy(cfg, None, tool=False), "trained": greedy(cfg, run["final"], tool=False)}
+    with_tool_greedy = {"warm_start": greedy(cfg, None, tool=True), "trained": greedy(cfg, run["final"], tool=True)}
     import torch
 
     report = {"recipe": args.config, "overrides": args.overrides, "eval_steps": args.eval_steps,
@@ -133,14 +138,15 @@ def main(argv: list[str] | None = None) -> int:
               "load_average_before": [round(x, 2) for x in load_before],
               "load_average_after": [round(x, 2) for x in load_after],
               "accuracy_before": run["curve"][0]["accuracy"], "accuracy_after": run["curve"][-1]["accuracy"],
-              "baseline_without_tool": baseline, **run}
+              "eval_temperature": cfg.eval_temperature, "eval_num_samples": cfg.eval_num_samples,
+              "baseline_without_tool": baseline, "greedy_with_tool": with_tool_greedy, **run}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     png = out.with_suffix(".png")
     plot(report, png)
     print(json.dumps({"json": str(out), "png": str(png), "before": report["accuracy_before"],
-                      "after": report["accuracy_after"], "without_tool": baseline,
+                      "after": report["accuracy_after"], "without_tool": baseline, "greedy": with_tool_greedy,
                       "wall_seconds": run["wall_seconds"], "load": report["load_average_after"]}), file=sys.stderr)
     return 0
 
