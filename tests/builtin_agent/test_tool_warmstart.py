@@ -70,7 +70,7 @@ def test_older_specs_keep_their_cache_keys():
     # fields added for tool demonstrations enter the hash only when set
     assert WARMSTARTS["arithmetic"].digest() == "dbefbc085491"
     assert WARMSTARTS["countdown"].digest() == "a55b654de697"
-    assert WARMSTARTS["calculator"].digest() != replace(WARMSTARTS["calculator"], tool_fraction=0.5).digest()
+    assert WARMSTARTS["calculator"].digest() != replace(WARMSTARTS["calculator"], tool_fraction=0.25).digest()
 
 
 def test_tiny_tool_warmstart_builds_loads_and_rolls_out(tmp_path):
