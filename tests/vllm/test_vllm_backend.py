@@ -198,3 +198,33 @@ def test_moving_the_server_is_a_safe_change_on_resume():
                                              vllm_server_url="http://10.0.0.2:8000", rollout_correction="mask"))
     assert safe == {"vllm_server_url": ["http://127.0.0.1:8000", "http://10.0.0.2:8000"]}
     assert list(unsafe) == ["rollout_correction"]  # another objective: refused
+
+
+def test_colocate_without_sleep_never_sleeps(tiny_model_dir, monkeypatch):
+    fake_vllm.install(monkeypatch)
+    model, tok = _model_and_tokenizer(tiny_model_dir)
+    backend = make_backend("vllm", model, tok, vllm_options={"mode": "colocate", "sleep": False})
+    backend.sync_weights(model)
+    backend.generate(["Hi"], 2, SamplingParams(max_new_tokens=3))
+    assert [e[0] for e in fake_vllm.EVENTS] == ["load_weights", "reset_prefix_cache", "generate"]
+    assert fake_vllm.INSTANCES[0].kwargs["enable_sleep_mode"] is False
+
+
+def test_a_model_without_a_path_and_a_short_engine_answer_are_named(tiny_model_dir, monkeypatch):
+    fake_vllm.install(monkeypatch)
+    model, tok = _model_and_tokenizer(tiny_model_dir)
+    model.name_or_path = ""
+    model.config._name_or_path = ""
+    with pytest.raises(ConfigError, match="save it with save_pretrained"):
+        make_backend("vllm", model, tok, vllm_options={"mode": "colocate"})
+
+    class Short:
+        def load_weights(self, named):
+            list(named)
+
+        def generate(self, prompt_ids, n, params, eos_ids):
+            return [[{"token_ids": [5], "logprobs": [-1.0]}]]  # one completion where n were asked
+
+    backend = VLLMBackend(model, tok, engine=Short())
+    with pytest.raises(EngineError, match=r"returned 1 completions for 1 prompts x n=2"):
+        backend.generate(["Hi"], 2, SamplingParams(max_new_tokens=3))
