@@ -1,0 +1,86 @@
+"""Functions each rank runs in the distributed tests (importable by name from a spawned process)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+
+from grouprl.builtins import load_builtins
+from grouprl.config import GRPOConfig
+from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from grouprl.rollout.base import Rollout
+from grouprl.train import dist
+from grouprl.train.metrics import Timers
+from grouprl.train.model import build_optimizer
+from grouprl.train.round import RoundBatch, RunContext, micro_batches
+from grouprl.train.step import LossSpec, optimizer_step
+
+ROWS_PER_STEP = 8  # global rows (completions) of one optimizer step
+STEPS = 2
+ADV = torch.tensor([1.0, -0.5, 0.3, -1.2, 0.8, 0.0, -0.4, 1.1, -0.9, 0.6, 0.2, -0.1, 1.3, -0.7, 0.5, -1.0])
+
+
+def global_rollout(vocab: int, T: int = 7) -> Rollout:
+    """16 rows of random prompts (some left-padded) and completions of varied length (some truncated)."""
+    N, P = ROWS_PER_STEP * STEPS, 5
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(5, vocab, (N, P), generator=g)
+    prompt_mask = torch.ones(N, P, dtype=torch.long)
+    prompt_mask[::3, :2] = 0
+    prompt_ids[prompt_mask == 0] = 0
+    lengths = torch.tensor([7, 3, 5, 1, 7, 6, 2, 4, 1, 2, 7, 7, 3, 6, 5, 2])
+    completion_mask = (torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)).long()
+    completion_ids = torch.randint(5, vocab, (N, T), generator=g).masked_fill(completion_mask == 0, 0)
+    return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, lengths == T, [""] * N, [""] * N)
+
+
+def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd", *, world: int,
+                    rank: int) -> dict[str, torch.Tensor]:
+    """Two optimizer steps (clipping on) where this process holds the ``rank``-th of ``world`` equal
+    contiguous shares of each global step's 8 rows, split into ``ga`` micro-batches.
+
+    ``optim='sgd'``: the update is linear in the gradient, so parameters differ by lr x the gradient's
+    fp32 summation-order noise. ``'adamw'`` (the trainer's optimizer) divides by sqrt(v): where a gradient
+    is ~0 the same noise moves a parameter by up to lr, so it is compared with a looser bound."""
+    from transformers import AutoModelForCausalLM
+
+    load_builtins()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    share = ROWS_PER_STEP // world
+    cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=share // ga, gradient_accumulation_steps=ga,
+                     max_new_tokens=7, mask_truncated_completions=True, learning_rate=1e-3, max_grad_norm=0.5,
+                     warmup_ratio=0.0, max_steps=STEPS)
+    spec = LossSpec(POLICY_LOSSES.get("grpo"), {"eps_low": 0.2, "eps_high": 0.28}, AGGREGATIONS.get(aggregation),
+                    KL_ESTIMATORS.get("k3"), 0.0, 0.9)
+    optimizer, scheduler = build_optimizer(model, cfg, STEPS)
+    if optim == "sgd":
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
+    rollout = global_rollout(model.config.vocab_size)
+    for step in range(STEPS):
+        rows = list(range(step * ROWS_PER_STEP + rank * share, step * ROWS_PER_STEP + (rank + 1) * share))
+        mbs = micro_batches(ctx, RoundBatch(rollout.select(rows), ADV[rows]), Timers())
+        optimizer_step(ctx, mbs, spec, optimizer, scheduler, Timers())
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def equality_cases(model_dir: str, cases: list[tuple[str, int, str]]) -> dict[tuple[str, int, str], Any]:
+    """Every (aggregation, gradient_accumulation_steps, optimizer) case on this rank of the launched world."""
+    d = dist.current()
+    return {case: train_two_steps(model_dir, *case, world=d.world, rank=d.rank) for case in cases}
+
+
+def batch_advantage(rewards: torch.Tensor, scales: list[str]) -> dict[str, torch.Tensor]:
+    """grpo advantages of this rank's groups for each scale; rank r holds the r-th of the world's equal shares."""
+    from grouprl.registry import ADVANTAGES
+
+    load_builtins()
+    d = dist.current()
+    B = rewards.shape[0] // d.world
+    mine = rewards[d.rank * B:(d.rank + 1) * B]
+    grpo = ADVANTAGES.get("grpo")
+    return {scale: d.global_advantage(lambda r, s=scale: grpo(r, scale=s), mine) for scale in scales}
