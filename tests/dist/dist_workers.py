@@ -84,3 +84,47 @@ def batch_advantage(rewards: torch.Tensor, scales: list[str]) -> dict[str, torch
     mine = rewards[d.rank * B:(d.rank + 1) * B]
     grpo = ADVANTAGES.get("grpo")
     return {scale: d.global_advantage(lambda r, s=scale: grpo(r, scale=s), mine) for scale in scales}
+
+
+# ---- whole runs (GRPOTrainer.train) on every rank -------------------------------------------------
+ROWS = [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(16)]
+
+
+def letters(completions, **kwargs):
+    """Deterministic, varied reward: the fraction of ASCII letters in the completion."""
+    return [sum(ch.isalpha() for ch in c) / max(1, len(c)) for c in completions]
+
+
+def explode_on_rank_1(completions, **kwargs):
+    """Raises on rank 1 only (a reward that fails on one rank); rank 0 must stop with it too."""
+    import os
+
+    if os.environ.get("RANK") == "1":
+        raise ValueError("reward exploded on purpose")
+    return letters(completions)
+
+
+def run_config(model_dir: str, output_dir: str, **overrides: Any) -> GRPOConfig:
+    base = dict(model=model_dir, output_dir=output_dir, num_generations=2, per_device_train_batch_size=2,
+                gradient_accumulation_steps=1, steps_per_generation=2, max_new_tokens=6, max_prompt_length=64,
+                max_steps=4, learning_rate=1e-2, progress_bar=False, save_strategy="steps", save_steps=1,
+                seed=0, eval_split=None, log_completions_steps=1, temperature=1.0)
+    return GRPOConfig(**{**base, **overrides})
+
+
+def run_training(model_dir: str, output_dir: str, reward: Any = letters, resume: Any = None,
+                 **overrides: Any) -> dict[str, Any]:
+    """One GRPOTrainer run on this rank; its final parameters, result and wall-clock end (or its error)."""
+    import time
+
+    from grouprl.train import GRPOTrainer
+
+    cfg = run_config(model_dir, output_dir, **overrides)
+    trainer = GRPOTrainer(config=cfg, train_dataset=list(ROWS), reward_funcs=[reward])
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except Exception as e:  # noqa: BLE001 - the failure test inspects every rank's error
+        return {"error": f"{type(e).__name__}: {e}", "end": time.time()}
+    params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    return {"params": params, "global_step": result["global_step"], "end": time.time(),
+            "history": result["history"]}

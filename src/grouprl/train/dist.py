@@ -146,6 +146,15 @@ class Dist:
             tdist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def on_main(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on rank 0 only (files, the run lock, the final model); its result on every
+        rank. If it raises on rank 0, every rank stops with that error."""
+        if not self.enabled:
+            return fn(*args, **kwargs)
+        with self.failures():
+            value = fn(*args, **kwargs) if self.is_main else None
+        return self.broadcast(value)
+
     def any_true(self, value: bool) -> bool:
         return any(self.all_gather(bool(value)))
 
