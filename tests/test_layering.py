@@ -60,6 +60,7 @@ ALLOWED: dict[str, set[str]] = {
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train"},
     "cli": {ROOT, "errors", "cmd"},
+    "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},
     "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)
 }
