@@ -68,10 +68,13 @@ def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def equality_cases(model_dir: str, cases: list[tuple[str, int, str]]) -> dict[tuple[str, int, str], Any]:
-    """Every (aggregation, gradient_accumulation_steps, optimizer) case on this rank of the launched world."""
+def equality_cases(model_dir: str, cases: list[tuple[str, int, str]], rewards: torch.Tensor) -> dict[Any, Any]:
+    """Every (aggregation, gradient_accumulation_steps, optimizer) case on this rank of the launched world,
+    and ``batch_advantage(rewards)`` (one launch for both: starting processes is the slow part)."""
     d = dist.current()
-    return {case: train_two_steps(model_dir, *case, world=d.world, rank=d.rank) for case in cases}
+    out: dict[Any, Any] = {case: train_two_steps(model_dir, *case, world=d.world, rank=d.rank) for case in cases}
+    out["advantages"] = batch_advantage(rewards, ["batch", "group"])
+    return out
 
 
 def batch_advantage(rewards: torch.Tensor, scales: list[str]) -> dict[str, torch.Tensor]:
