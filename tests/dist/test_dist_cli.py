@@ -23,12 +23,14 @@ def test_nproc_builds_the_accelerate_launch_command():
 
     cmd = launch_command(_args(), GRPOConfig(device="auto"), cuda=False)
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
-    assert cmd[cmd.index("--num_processes") + 1] == "2" and "--cpu" in cmd and "--multi_gpu" not in cmd
+    # --multi_gpu: accelerate's torchrun launcher, the one that starts N processes on a CPU too
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and "--multi_gpu" in cmd and "--cpu" not in cmd
     assert cmd[cmd.index("-m", 3):] == ["-m", "grouprl", "train", "-c", "recipes/default.yaml",
                                          "per_device_train_batch_size=64"]
     gpu = launch_command(_args(resume=True), GRPOConfig(device="auto"), cuda=True)
     assert "--multi_gpu" in gpu and "--cpu" not in gpu and gpu[-1] == "--resume"
-    assert "--cpu" in launch_command(_args(resume="out/checkpoint-4"), GRPOConfig(device="cpu"), cuda=True)
+    one = launch_command(_args(nproc=1, resume="out/checkpoint-4"), GRPOConfig(device="cpu"), cuda=True)
+    assert "--cpu" in one and one[-2:] == ["--resume", "out/checkpoint-4"]
     with pytest.raises(ConfigError, match="--nproc 0"):
         launch_command(_args(nproc=0), GRPOConfig(), cuda=False)
 
