@@ -94,8 +94,8 @@ def test_overwrite_starts_clean_and_resume_keeps_the_run(tiny_model_dir, tmp_pat
     assert main(args + ["max_steps=2"]) == 0  # the same command again, into the same directory
     assert "removed" in capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == [
-        "checkpoint-1", "checkpoint-2", "config.yaml", "final", "metrics.jsonl", "notes.txt", "samples.jsonl",
-        "tensorboard"]
+        "checkpoint-1", "checkpoint-2", "config.yaml", "final", "metrics.jsonl", "notes.txt", "report.html",
+        "run_meta.json", "samples.jsonl", "tensorboard"]
     assert not (out / "final" / "model-00002-of-00002.safetensors").exists()
     assert [r["step"] for r in train_records(out)] == [1, 2]
     assert {json.loads(line)["step"] for line in (out / "samples.jsonl").read_text().splitlines()} == {1, 2}

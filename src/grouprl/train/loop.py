@@ -14,9 +14,10 @@
 Round assembly and dynamic sampling live in ``train.round``, the optimizer step in ``train.step``, metrics
 in ``train.metrics``. The loop never branches on an algorithm name: the config names registered functions.
 Processes: ``accelerate launch`` runs one copy per rank; ``train.dist`` (the only place ranks exist) shares
-out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0. The transformers backend generates with the
-training weights themselves; an engine with its own copy (vLLM) gets ``sync_weights`` once per generation
-round, before it generates (and before each evaluation), not after every optimizer step.
+out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0.
+The transformers backend generates with the training weights themselves; an engine with its own copy (vLLM)
+gets ``sync_weights`` once per generation round, before it generates (and before each evaluation), not
+after every optimizer step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOS
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
 from grouprl.train import dist, reporting
+from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
 from grouprl.train.model import (
@@ -58,13 +60,15 @@ __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_sa
 
 
 def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
-          eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
-    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict."""
+          eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
+    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
+    (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
     load_builtins()
     ranks = dist.current()  # rank / world size (accelerate launch); every hook is a no-op in one process
     dist.check_config(cfg, ranks.world)
     ranks.broadcast_parameters(model)  # one starting point on every rank
     ranks.seed_rank(cfg.seed)  # different samples on every rank
+    agent = agent if agent is not None else build_agent(cfg)
     device = next(model.parameters()).device
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
@@ -98,7 +102,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                            resume_step=step) if ranks.is_main else dist.NullLogger()  # rank 0 logs
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
-                     train_rows, step, total_steps, sampling)
+                     train_rows, step, total_steps, sampling, agent)
     run_eval = partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals)
     watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
 
@@ -196,7 +200,8 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
         return
     rows = [eval_rows[i] for i in range(len(eval_rows))]
     ctx.backend.sync_weights(ctx.model)  # an engine with its own weight copy evaluates the current policy
-    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend)
+    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend,
+                            agent=ctx.agent)
     samples = result.pop("samples")
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})

@@ -30,7 +30,9 @@ from typing import Any
 from grouprl.errors import ConfigError
 
 CHECKPOINT = re.compile(r"^(?:\.tmp-)?checkpoint-(\d+)$")
-LOG_FILES = ("metrics.jsonl", "samples.jsonl")
+# what a run writes besides checkpoints and final/: logs, its report and records (an overwrite removes them)
+LOG_FILES = ("metrics.jsonl", "samples.jsonl", "report.html", "run_meta.json", "config_changes.jsonl",
+             "review_marks.jsonl")
 TB_DIR = "tensorboard"
 
 

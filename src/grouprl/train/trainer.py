@@ -27,11 +27,14 @@ class GRPOTrainer:
     config). ``processing_class``: the tokenizer (``None`` = loaded with the model). ``reward_funcs``: a
     callable with TRL's signature, a registry name, or a list of them (``None`` = ``config.reward_funcs``).
     ``peft_config``: a peft ``LoraConfig`` (or set ``config.use_peft``).
+    ``tools`` (functions) / ``environment_factory`` (a class): TRL's agent arguments; rollouts become
+    multi-turn tool calls (docs/AGENTS.md). They merge with / replace the config's ``tools`` / ``environment``.
     """
 
     def __init__(self, model: Any = None, config: GRPOConfig | None = None, train_dataset: Any = None,
                  processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
-                 eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None) -> None:
+                 eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None,
+                 tools: list | None = None, environment_factory: Any = None) -> None:
         if config is not None and args is not None and config is not args:
             raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
         self.config = cfg = config or args or GRPOConfig()
@@ -66,6 +69,9 @@ class GRPOTrainer:
         if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
                               f"reward functions were given: one weight per function.")
+        from grouprl.train.agent import build_agent
+
+        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
         from grouprl.train.reward_signal import warn_missing_reward_columns
@@ -79,6 +85,8 @@ class GRPOTrainer:
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
+        if self.agent is not None:
+            self.agent.check_template(self.tokenizer)  # not prefix-preserving: say so now, with the fix
         import transformers
 
         transformers.set_seed(cfg.seed)
@@ -123,7 +131,7 @@ class GRPOTrainer:
             resume = ranks.on_main(start_run, cfg, resume_from_checkpoint)  # resume or fresh; config.yaml
             ranks.on_main(reporting.write_meta, cfg, self._reward_specs)  # which rewards, in which version
             self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
-                                self.reward_funcs, self.eval_reward_func, resume=resume)
+                                self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
             final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,
                                   self.result["global_step"])
         self.result["final_model"] = str(final)
@@ -147,7 +155,8 @@ class GRPOTrainer:
         if self.eval_dataset is None:
             raise ConfigError("no eval split: set eval_split and dataset, or pass eval_dataset=.")
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
-        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, **overrides)
+        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, agent=self.agent,
+                              **overrides)
 
 
 def _tokenizer_for(source: Any, processing_class: Any):
