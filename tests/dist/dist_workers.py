@@ -38,11 +38,12 @@ def global_rollout(vocab: int, T: int = 7) -> Rollout:
 
 def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd", *, world: int,
                     rank: int) -> dict[str, torch.Tensor]:
-    """Two optimizer steps (clipping on) where this process holds the ``rank``-th of ``world`` equal
-    contiguous shares of each global step's 8 rows, split into ``ga`` micro-batches.
+    """Two optimizer steps where this process holds the ``rank``-th of ``world`` equal contiguous shares
+    of each global step's 8 rows, split into ``ga`` micro-batches.
 
-    ``optim='sgd'``: the update is linear in the gradient, so parameters differ by lr x the gradient's
-    fp32 summation-order noise. ``'adamw'`` (the trainer's optimizer) divides by sqrt(v): where a gradient
+    ``optim='sgd'``: SGD with momentum, no clipping: the update is linear in the gradient (a gradient N
+    times too large or small shows), so parameters differ by lr x the gradient's fp32 summation-order
+    noise. ``'sgd_clip'``: the same with max_grad_norm 0.5 (clipping by the global norm). ``'adamw'`` (the trainer's optimizer) divides by sqrt(v): where a gradient
     is ~0 the same noise moves a parameter by up to lr, so it is compared with a looser bound."""
     from transformers import AutoModelForCausalLM
 
@@ -51,12 +52,12 @@ def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     share = ROWS_PER_STEP // world
     cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=share // ga, gradient_accumulation_steps=ga,
-                     max_new_tokens=7, mask_truncated_completions=True, learning_rate=1e-3, max_grad_norm=0.5,
+                     max_new_tokens=7, mask_truncated_completions=True, learning_rate=1e-3, max_grad_norm=0.0 if optim == "sgd" else 0.5,
                      warmup_ratio=0.0, max_steps=STEPS)
     spec = LossSpec(POLICY_LOSSES.get("grpo"), {"eps_low": 0.2, "eps_high": 0.28}, AGGREGATIONS.get(aggregation),
                     KL_ESTIMATORS.get("k3"), 0.0, 0.9)
     optimizer, scheduler = build_optimizer(model, cfg, STEPS)
-    if optim == "sgd":
+    if optim.startswith("sgd"):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
