@@ -132,3 +132,20 @@ def run_training(model_dir: str, output_dir: str, reward: Any = letters, resume:
     params = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
     return {"params": params, "global_step": result["global_step"], "end": time.time(),
             "history": result["history"]}
+
+
+def die_on_rank_1() -> dict[str, Any]:
+    """Rank 1 exits without a word (a killed process); rank 0's next collective must not hang."""
+    import os
+    import time
+
+    d = dist.current()
+    d.all_gather("ready")
+    if d.rank == 1:
+        os._exit(3)
+    start = time.time()
+    try:
+        d.all_gather("still there?")
+    except Exception as e:  # noqa: BLE001 - the test reads the error
+        return {"error": f"{type(e).__name__}: {e}", "waited": time.time() - start}
+    return {"error": None, "waited": time.time() - start}

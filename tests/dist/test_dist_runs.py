@@ -7,7 +7,7 @@ import json
 
 import torch
 from dist_harness import run_ranks, values
-from dist_workers import explode_on_rank_1, letters, run_training
+from dist_workers import die_on_rank_1, explode_on_rank_1, letters, run_training
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -51,3 +51,10 @@ def test_a_reward_raising_on_one_rank_ends_both_in_seconds(tiny_model_dir, tmp_p
     assert "reward exploded on purpose" in r1["error"]
     assert r0["error"].startswith("PeerFailure") and "rank 1" in r0["error"] and "reward exploded" in r0["error"]
     assert abs(r0["end"] - r1["end"]) < 15  # the error flag, not the 120 s collective timeout
+
+
+def test_a_rank_that_dies_silently_ends_the_other_within_the_collective_timeout(tmp_path):
+    r0, r1 = run_ranks(die_on_rank_1, 2, workdir=tmp_path, timeout=120, collective_timeout=20)
+    assert r1.exitcode == 3
+    assert r0.exitcode == 0 and r0.value["error"] is not None, r0
+    assert r0.value["waited"] < 25  # the connection closes or the 20 s timeout fires: never a hang
