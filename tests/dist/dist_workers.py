@@ -147,5 +147,7 @@ def die_on_rank_1() -> dict[str, Any]:
     try:
         d.all_gather("still there?")
     except Exception as e:  # noqa: BLE001 - the test reads the error
-        return {"error": f"{type(e).__name__}: {e}", "waited": time.time() - start}
+        waited, start = time.time() - start, time.time()
+        d.fail(e)  # what the loop does with any error: must not wait on the broken group a second time
+        return {"error": f"{type(e).__name__}: {e}", "waited": waited, "fail_s": time.time() - start}
     return {"error": None, "waited": time.time() - start}

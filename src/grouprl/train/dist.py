@@ -55,7 +55,7 @@ class Dist:
         self.state = state
         self.rank = int(state.process_index) if state is not None else 0
         self.world = int(state.num_processes) if state is not None else 1
-        self._in_collective = False
+        self._in_collective = self._broken = False  # broken: a collective raised (peer gone, timeout)
 
     @property
     def is_main(self) -> bool:
@@ -94,7 +94,7 @@ class Dist:
 
     def fail(self, error: BaseException) -> None:
         """Tell the other ranks that this one failed with ``error`` (they raise at their next collective)."""
-        if self.enabled and not self._in_collective and not isinstance(error, PeerFailure):
+        if self.enabled and not (self._in_collective or self._broken) and not isinstance(error, PeerFailure):
             try:
                 self.check(error)
             except Exception:  # noqa: BLE001 - the peers may already be gone; the original error matters
@@ -114,6 +114,9 @@ class Dist:
         self._in_collective = True
         try:
             yield
+        except BaseException:
+            self._broken = True  # the group cannot carry an error flag any more: no second wait in fail()
+            raise
         finally:
             self._in_collective = False
 
