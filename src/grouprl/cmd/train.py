@@ -27,8 +27,9 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.sandbox.config import configure_for_run
 
     if args.help_config:
+        defaults = GRPOConfig.field_defaults()
         for name, doc in GRPOConfig.field_docs().items():
-            print(f"{name}:\n    {doc}")
+            print(f"{name} (default: {defaults[name]}):\n    {doc}")
         return 0
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.check_names()
@@ -43,17 +44,34 @@ def run(args: argparse.Namespace) -> int:
         return launch(args, cfg)
     if args.dry_run:
         check_free(cfg.output_dir)  # another run holds output_dir
-        preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes: all before loading
+        resume, _ = preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
         import yaml
 
+        from grouprl.train.startup import dry_run
+
+        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.dpo_run)
+            from grouprl.train.dpo_run import dry_run_dpo as dry_run
+        for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
+            print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
     from contextlib import nullcontext
 
-    from grouprl.train import GRPOTrainer, dist
-    from grouprl.train.signals import RunInterrupted
+    from grouprl.errors import ConfigError
+    from grouprl.train import dist
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
+    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run)
+        if ranks.enabled:
+            raise ConfigError(f"algorithm: dpo trains on one process; this launch started {ranks.world}. Fix: "
+                              f"run `grouprl train` without accelerate launch / --nproc.")
+        from grouprl.train.dpo_run import run_dpo
+
+        run_dpo(cfg, resume=args.resume)
+        return 0
+    from grouprl.train import GRPOTrainer
+    from grouprl.train.signals import RunInterrupted
+
     with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
         resume, _ = ranks.on_main(preflight, cfg, args.resume)
         trainer = GRPOTrainer(config=cfg)
