@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +75,16 @@ def test_one_process_has_no_ranks():
     assert d.global_totals({"num_tokens": 3, "num_seqs": 2, "max_len": 8}) == {"num_tokens": 3, "num_seqs": 2,
                                                                               "max_len": 8}
     assert d.all_gather({"a": 1}) == [{"a": 1}] and d.on_main(lambda x: x + 1, 1) == 2
+
+
+def test_dpo_refuses_several_processes(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from grouprl.cli import main
+    from grouprl.train import dist
+
+    monkeypatch.setattr(dist, "_CURRENT", dist.Dist(SimpleNamespace(process_index=0, num_processes=2)))
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "dpo.yaml"
+    assert main(["train", "-c", str(recipe), f"output_dir={tmp_path}"]) == 2
+    assert "algorithm: dpo trains on one process; this launch started 2" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
