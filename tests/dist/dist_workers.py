@@ -75,7 +75,21 @@ def equality_cases(model_dir: str, cases: list[tuple[str, int, str]], rewards: t
     d = dist.current()
     out: dict[Any, Any] = {case: train_two_steps(model_dir, *case, world=d.world, rank=d.rank) for case in cases}
     out["advantages"] = batch_advantage(rewards, ["batch", "group"])
+    out["broadcast"] = broadcast_weights(model_dir)
     return out
+
+
+def broadcast_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    """Rank r > 0 starts from other weights; after ``broadcast_parameters`` every rank holds rank 0's."""
+    from transformers import AutoModelForCausalLM
+
+    d = dist.current()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(float(d.rank))
+    d.broadcast_parameters(model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
 def batch_advantage(rewards: torch.Tensor, scales: list[str]) -> dict[str, torch.Tensor]:

@@ -52,3 +52,12 @@ def test_batch_scaled_advantages_see_every_rank(two_ranks):
         torch.testing.assert_close(got, grpo(REWARDS, scale=scale), rtol=0, atol=1e-7)
     # the batch std of all 8 rewards differs from that of one rank's 4: local statistics would fail above
     assert not torch.allclose(grpo(REWARDS[:2], scale="batch"), grpo(REWARDS, scale="batch")[:2])
+
+
+def test_every_rank_starts_from_rank_0s_weights(tiny_model_dir, two_ranks):
+    from transformers import AutoModelForCausalLM
+
+    _, ranks = two_ranks
+    start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    for r in ranks:  # rank 1 had added 1.0 to every parameter before the broadcast
+        assert all(torch.equal(r["broadcast"][k], start[k]) for k in start)

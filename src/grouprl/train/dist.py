@@ -178,12 +178,32 @@ class Dist:
             p.grad = flat[offset:offset + n].view_as(p).to(p.dtype)
             offset += n
 
+    @torch.no_grad()
     def broadcast_parameters(self, model: Any) -> None:
-        """Rank 0's weights on every rank (the ranks start from one model whatever their seeds did)."""
+        """Rank 0's weights and buffers on every rank (one starting point whatever the ranks' seeds did),
+        tensor by tensor in place."""
         if not self.enabled:
             return
-        state = self.broadcast({k: v.detach().cpu() for k, v in model.state_dict().items()} if self.is_main else None)
-        model.load_state_dict(state, strict=False)
+        import torch.distributed as tdist
+
+        self.check()
+        with self._collective():
+            for tensor in model.state_dict().values():
+                buf = tensor.detach().to(self._comm_device())
+                tdist.broadcast(buf, src=0)
+                tensor.copy_(buf)
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """``[obj of rank 0, obj of rank 1, ...]`` on rank 0; ``None`` on the other ranks."""
+        if not self.enabled:
+            return [obj]
+        import torch.distributed as tdist
+
+        self.check()
+        out: list[Any] | None = [None] * self.world if self.is_main else None
+        with self._collective():
+            tdist.gather_object(obj, out, dst=0)
+        return out
 
     # ---- what the loop asks -----------------------------------------------------------------------
     def global_totals(self, totals: dict[str, int]) -> dict[str, int]:
@@ -240,8 +260,7 @@ class Dist:
         """Every rank's ``local`` state (RNG, unfinished round) on rank 0 for its checkpoint."""
         if not self.enabled:
             return None
-        parts = self.all_gather(_to_cpu(local))
-        return parts if self.is_main else None
+        return self.gather_to_main(_to_cpu(local))
 
     def restore_rank_state(self, saved: dict[str, Any], seed: int) -> None:
         """After ``checkpoint.load_checkpoint``: this rank's RNG and unfinished round from a checkpoint of
