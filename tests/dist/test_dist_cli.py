@@ -88,3 +88,17 @@ def test_dpo_refuses_several_processes(monkeypatch, tmp_path, capsys):
     assert main(["train", "-c", str(recipe), f"output_dir={tmp_path}"]) == 2
     assert "algorithm: dpo trains on one process; this launch started 2" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_rank_0_announces_the_processes_and_the_global_batch(capsys):
+    from types import SimpleNamespace
+
+    from grouprl.train.dist import Dist
+
+    cfg = GRPOConfig(per_device_train_batch_size=64, gradient_accumulation_steps=2)
+    Dist(SimpleNamespace(process_index=1, num_processes=2, backend="gloo")).announce(cfg)
+    Dist().announce(cfg)
+    assert capsys.readouterr().err == ""  # rank 1, and a single process, say nothing
+    Dist(SimpleNamespace(process_index=0, num_processes=2, backend="gloo")).announce(cfg)
+    assert "2 processes (gloo); global batch 256 completions per optimizer step = per_device_train_batch_size " \
+           "64 x gradient_accumulation_steps 2 x 2 processes" in capsys.readouterr().err

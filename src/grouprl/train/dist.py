@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -243,6 +244,15 @@ class Dist:
             else:
                 out[key] = sum(finite) / len(finite)
         return out
+
+    def announce(self, cfg: Any) -> None:
+        """Rank 0 of a multi-process run says so, with the global batch (a launcher that started one
+        process instead of N is visible at once: it prints nothing)."""
+        if self.enabled and self.is_main:
+            per, ga = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+            print(f"grouprl: {self.world} processes ({getattr(self.state, 'backend', None)}); global batch "
+                  f"{per * ga * self.world} completions per optimizer step = per_device_train_batch_size {per} "
+                  f"x gradient_accumulation_steps {ga} x {self.world} processes", file=sys.stderr, flush=True)
 
     def shard_stream(self, stream: Any) -> Any:
         """This rank's view of the global prompt order (``stream`` draws the global batch)."""

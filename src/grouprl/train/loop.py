@@ -66,6 +66,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     load_builtins()
     ranks = dist.current()  # rank / world size (accelerate launch); every hook is a no-op in one process
     dist.check_config(cfg, ranks.world)
+    ranks.announce(cfg)  # rank 0: "2 processes; global batch ..."
     ranks.broadcast_parameters(model)  # one starting point on every rank
     ranks.seed_rank(cfg.seed)  # different samples on every rank
     agent = agent if agent is not None else build_agent(cfg)
