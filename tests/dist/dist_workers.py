@@ -148,12 +148,26 @@ def run_training(model_dir: str, output_dir: str, reward: Any = letters, resume:
             "history": result["history"]}
 
 
-def die_on_rank_1() -> dict[str, Any]:
+def _meet(workdir: str) -> dist.Dist:
+    """Both ranks up (a file each, waited for up to 90 s), then the process group: a short collective
+    timeout in a test then never meets a slow interpreter start."""
+    import os
+    import time
+    from pathlib import Path
+
+    rank, deadline = int(os.environ["RANK"]), time.time() + 90
+    (Path(workdir) / f"up{rank}").touch()
+    while not (Path(workdir) / f"up{1 - rank}").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    return dist.current()
+
+
+def die_on_rank_1(workdir: str) -> dict[str, Any]:
     """Rank 1 exits without a word (a killed process); rank 0's next collective must not hang."""
     import os
     import time
 
-    d = dist.current()
+    d = _meet(workdir)
     d.all_gather("ready")
     if d.rank == 1:
         os._exit(3)
@@ -164,4 +178,22 @@ def die_on_rank_1() -> dict[str, Any]:
         waited, start = time.time() - start, time.time()
         d.fail(e)  # what the loop does with any error: must not wait on the broken group a second time
         return {"error": f"{type(e).__name__}: {e}", "waited": waited, "fail_s": time.time() - start}
+    return {"error": None, "waited": time.time() - start}
+
+
+def stall_on_rank_1(workdir: str) -> dict[str, Any]:
+    """Rank 1 stays alive but never joins the next collective; rank 0 must give up at the timeout."""
+    import os
+    import time
+
+    d = _meet(workdir)
+    d.all_gather("ready")
+    if d.rank == 1:
+        time.sleep(12)
+        os._exit(0)
+    start = time.time()
+    try:
+        d.all_gather("anyone?")
+    except Exception as e:  # noqa: BLE001 - the test reads the error
+        return {"error": f"{type(e).__name__}: {e}", "waited": time.time() - start}
     return {"error": None, "waited": time.time() - start}

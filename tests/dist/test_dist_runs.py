@@ -7,7 +7,7 @@ import json
 
 import torch
 from dist_harness import run_ranks, values
-from dist_workers import die_on_rank_1, explode_on_rank_1, letters, run_training
+from dist_workers import die_on_rank_1, explode_on_rank_1, letters, run_training, stall_on_rank_1
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -54,8 +54,15 @@ def test_a_reward_raising_on_one_rank_ends_both_in_seconds(tiny_model_dir, tmp_p
 
 
 def test_a_rank_that_dies_silently_ends_the_other_within_the_collective_timeout(tmp_path):
-    r0, r1 = run_ranks(die_on_rank_1, 2, workdir=tmp_path, timeout=120, collective_timeout=20)
+    r0, r1 = run_ranks(die_on_rank_1, 2, str(tmp_path), workdir=tmp_path, timeout=120, collective_timeout=20)
     assert r1.exitcode == 3
     assert r0.exitcode == 0 and r0.value["error"] is not None, r0
     assert r0.value["waited"] < 25  # the connection closes or the 20 s timeout fires: never a hang
     assert r0.value["fail_s"] < 2  # no second wait to tell a rank that is gone
+
+
+def test_a_stalled_rank_ends_the_other_at_the_collective_timeout(tmp_path):
+    """GROUPRL_DIST_TIMEOUT reaches the process group (accelerate's PartialState(timeout=...))."""
+    r0, _ = run_ranks(stall_on_rank_1, 2, str(tmp_path), workdir=tmp_path, timeout=120, collective_timeout=3)
+    assert r0.exitcode == 0 and r0.value["error"] is not None, r0
+    assert 2 <= r0.value["waited"] < 11, r0.value  # the 3 s timeout, not the 12 s stall
