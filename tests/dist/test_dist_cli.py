@@ -51,12 +51,15 @@ def test_batch_arithmetic_names_the_world_size():
         plan_steps(cfg, 5, world=3)
 
 
-def test_resample_is_refused_on_several_processes():
+def test_resample_and_vllm_are_refused_on_several_processes():
     from grouprl.train.dist import check_config
 
     check_config(GRPOConfig(dynamic_sampling="resample"), 1)
     with pytest.raises(ConfigError, match="dynamic_sampling='resample' with 2 processes"):
         check_config(GRPOConfig(dynamic_sampling="resample"), 2)
+    check_config(GRPOConfig(rollout_backend="vllm"), 1)
+    with pytest.raises(ConfigError, match="rollout_backend='vllm' with 2 processes"):
+        check_config(GRPOConfig(rollout_backend="vllm"), 2)
 
 
 def test_fsdp_and_deepspeed_launches_are_refused(monkeypatch):

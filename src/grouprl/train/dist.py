@@ -326,6 +326,9 @@ def check_config(cfg: Any, world: int) -> None:
     if world > 1 and cfg.dynamic_sampling == "resample":
         raise ConfigError(f"dynamic_sampling='resample' with {world} processes: ranks would draw different "
                           f"numbers of extra prompts. Fix: dynamic_sampling=drop (or none), or one process.")
+    if world > 1 and cfg.rollout_backend == "vllm":  # one engine per rank, weight pushes per rank: untested
+        raise ConfigError(f"rollout_backend='vllm' with {world} processes is not supported yet. Fix: "
+                          f"rollout_backend=transformers on several processes, or vllm on one process.")
 
 
 def _to_cpu(obj: Any) -> Any:
