@@ -63,6 +63,7 @@ ALLOWED: dict[str, set[str]] = {
                       "serve"},
     "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
     "cli": {ROOT, "errors", "cmd"},
+    "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},
     "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)
 }

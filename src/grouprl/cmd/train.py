@@ -16,6 +16,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="resume from the latest checkpoint in output_dir (or from CHECKPOINT)")
     p.add_argument("--help-config", action="store_true", help="list every config field with its documentation")
     p.add_argument("--dry-run", action="store_true", help="validate the recipe and print it; load nothing")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train on N processes: runs `accelerate launch --num_processes N -m grouprl train ...` "
+                        "(docs/DISTRIBUTED.md)")
     p.set_defaults(func=run)
 
 
@@ -35,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.train.lock import check_free, run_lock
     from grouprl.train.output_dir import preflight
 
+    if args.nproc is not None and not args.dry_run:
+        from grouprl.cmd.launch import launch
+
+        return launch(args, cfg)
     if args.dry_run:
         check_free(cfg.output_dir)  # another run holds output_dir
         resume, _ = preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
@@ -48,7 +55,16 @@ def run(args: argparse.Namespace) -> int:
             print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
+    from contextlib import nullcontext
+
+    from grouprl.errors import ConfigError
+    from grouprl.train import dist
+
+    ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
     if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run)
+        if ranks.enabled:
+            raise ConfigError(f"algorithm: dpo trains on one process; this launch started {ranks.world}. Fix: "
+                              f"run `grouprl train` without accelerate launch / --nproc.")
         from grouprl.train.dpo_run import run_dpo
 
         run_dpo(cfg, resume=args.resume)
@@ -56,8 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.train import GRPOTrainer
     from grouprl.train.signals import RunInterrupted
 
-    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
-        resume, _ = preflight(cfg, args.resume)
+    with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
+        resume, _ = ranks.on_main(preflight, cfg, args.resume)
         trainer = GRPOTrainer(config=cfg)
         try:
             trainer.train(resume_from_checkpoint=resume)

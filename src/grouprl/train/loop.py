@@ -13,9 +13,11 @@
 
 Round assembly and dynamic sampling live in ``train.round``, the optimizer step in ``train.step``, metrics
 in ``train.metrics``. The loop never branches on an algorithm name: the config names registered functions.
-Simplifications: one process (no data/tensor parallelism). The transformers backend generates with the
-training weights themselves; an engine with its own copy (vLLM) gets ``sync_weights`` once per generation
-round, before it generates (and before each evaluation), not after every optimizer step.
+Processes: ``accelerate launch`` runs one copy per rank; ``train.dist`` (the only place ranks exist) shares
+out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0.
+The transformers backend generates with the training weights themselves; an engine with its own copy (vLLM)
+gets ``sync_weights`` once per generation round, before it generates (and before each evaluation), not
+after every optimizer step.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOS
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import reporting
+from grouprl.train import dist, reporting
 from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
@@ -63,6 +65,11 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
     (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
     load_builtins()
+    ranks = dist.current()  # rank / world size (accelerate launch); every hook is a no-op in one process
+    dist.check_config(cfg, ranks.world)
+    ranks.announce(cfg)  # rank 0: "2 processes; global batch ..."
+    ranks.broadcast_parameters(model)  # one starting point on every rank
+    ranks.seed_rank(cfg.seed)  # different samples on every rank
     agent = agent if agent is not None else build_agent(cfg)
     device = next(model.parameters()).device
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
@@ -74,8 +81,9 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
                            vllm_options=vllm_options(cfg))
-    stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
-    total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
+    # the global prompt order; this rank generates for its contiguous share of each round
+    stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
+    total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
@@ -85,24 +93,31 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
     if resume_path is not None:  # weights, optimizer, schedule, RNG, data position, unfinished round
         saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
+        ranks.restore_rank_state(saved, cfg.seed)  # this rank's RNG and unfinished round (same world size)
         stream.load_state(saved["data"])
-        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
+        if ranks.is_main:
+            ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
         ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
                            progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
-                           resume_step=step)
+                           resume_step=step) if ranks.is_main else dist.NullLogger()  # rank 0 logs
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
                      train_rows, step, total_steps, sampling, agent)
-    run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
+    run_eval = partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals)
     watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
 
     def save(step: int) -> Any:
         state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
                  "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
                  "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
+        per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
+        if not ranks.is_main:  # rank 0 writes the (replicated) weights and optimizer, and every rank's state
+            return None
+        if per_rank is not None:
+            state.update(round=None, ranks=per_rank)
         path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
                                     total_limit=cfg.save_total_limit)
         reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
@@ -119,6 +134,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                 backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
                 ctx.step = step
                 rnd, round_step = generate_round(ctx, stream, timers), 0
+                rnd.metrics = ranks.mean_metrics(rnd.metrics)  # the round's metrics over every rank
                 watch.check(rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop
             k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round
             update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
@@ -129,11 +145,15 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
             saved_now = save(step) if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps) else None
-            if stop.requested:
+            if ranks.any_true(stop.requested):
                 raise stop.interrupted(step, saved_now or save(step))
             timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
         stop.restore()  # the caller's handlers again (also in `finally`, if the loop raised)
         run_eval("after", step)
+        ranks.check()  # the other ranks wait for rank 0's evaluation (bounded by the collective timeout)
+    except BaseException as e:
+        ranks.fail(e)  # every rank stops with this error at its next collective (train/dist.py)
+        raise
     finally:
         stop.restore()
         logger.close()
@@ -143,14 +163,16 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
 
 
-def plan_steps(cfg: GRPOConfig, num_rows: int) -> tuple[int, int, int]:
-    """(total optimizer steps, steps per generation round, rounds per epoch)."""
-    P = cfg.prompts_per_generation
+def plan_steps(cfg: GRPOConfig, num_rows: int, *, world: int = 1) -> tuple[int, int, int]:
+    """(total optimizer steps, steps per generation round, rounds per epoch) on ``world`` processes."""
+    P = cfg.prompts_per_generation * world
     if num_rows < P:
+        on = f" x {world} processes" if world > 1 else ""
         raise DataError(
             f"the training set has {num_rows} rows but one generation round needs {P} prompts "
-            f"(= generation batch {cfg.generation_batch_size} / num_generations {cfg.num_generations}). "
-            f"Fix: add rows or lower per_device_train_batch_size x steps_per_generation."
+            f"(= per_device_train_batch_size {cfg.per_device_train_batch_size} x steps_per_generation "
+            f"{cfg.effective_steps_per_generation}{on} / num_generations {cfg.num_generations}). "
+            f"Fix: add rows or lower per_device_train_batch_size x steps_per_generation{' or the process count' if on else ''}."
         )
     per_round = cfg.num_iterations * cfg.effective_steps_per_generation // cfg.gradient_accumulation_steps
     rounds_per_epoch = num_rows // P

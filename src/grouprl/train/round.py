@@ -23,6 +23,7 @@ from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
+from grouprl.train import dist
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.metrics import Timers, round_metrics, round_samples
@@ -180,6 +181,8 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     """The kept groups as one batch; advantages per sampled part, so ``scale='group'`` sees whole groups
     and ``scale='batch'`` the batch that was sampled."""
     G = ctx.cfg.num_generations
+    # per sampled part, on the rewards of every rank (train/dist.py: a batch std sees the global batch)
+    part_adv = [dist.current().global_advantage(ctx.advantage_fn, s.rewards) for s in parts]
     rollouts, rewards, components, advs = [], [], [], []
     for p, b in keep:
         s = parts[p]
@@ -187,7 +190,7 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
         rollouts.append(s.rollout.select(rows))
         rewards.append(s.rewards[b])
         components.extend(s.components[r] for r in rows)
-        advs.append(ctx.advantage_fn(s.rewards)[b])
+        advs.append(part_adv[p][b])
     adv = torch.stack(advs).reshape(-1).float()
     rollout = concat_rollouts(rollouts, ctx.tokenizer.pad_token_id)
     return RoundBatch(rollout, adv, torch.stack(rewards), components)

@@ -17,6 +17,7 @@ import torch
 
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
+from grouprl.train import dist
 
 
 @dataclass
@@ -228,9 +229,9 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
     has ``skipped = 1.0`` and ``skip_reason``; the caller still advances its step counter, so the data
     order and the round structure stay those of a run without the skip.
     """
-    cfg = ctx.cfg
+    cfg, ranks = ctx.cfg, dist.current()  # ranks: no-ops in one process (grouprl.train.dist)
     mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
-    totals = step_totals(mbs, cfg.max_new_tokens)
+    totals = ranks.global_totals(step_totals(mbs, cfg.max_new_tokens))  # counts of the GLOBAL step
     acc: dict[str, torch.Tensor] = {}
     finite_loss: Any = True  # a device tensor after the first micro-batch: no host sync inside the loop
     with timers("policy_fwd_bwd"):
@@ -242,18 +243,25 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
             combine(acc, sums)
     with timers("optimizer"):
         params = [p for p in ctx.model.parameters() if p.requires_grad]
+        ranks.sum_gradients(params)  # global loss = sum of rank losses: its gradient is the SUM over ranks
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         lr = scheduler.get_last_lr()[0]
-        finite_loss = bool(finite_loss)  # one host sync per step
+        finite_loss = ranks.all_gather(bool(finite_loss)) == [True] * ranks.world  # one host sync per step
         skipped = not (finite_loss and bool(torch.isfinite(grad_norm)))
         if not skipped:
             optimizer.step()
             scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-    out = {k: float(v) for k, v in acc.items()}
-    out.setdefault("kl", float("nan"))  # no reference model when kl_coef = 0
     seq_tokens = sum(int(mb.prompt_mask.sum() + mb.completion_mask.sum()) for mb in mbs)
+    acc["seq_tokens"] = torch.as_tensor(float(seq_tokens))
+    if ranks.enabled:  # the sums are normalised by the global step: adding the ranks' gives the global value
+        parts, acc = ranks.all_gather({k: v.detach().cpu() for k, v in acc.items()}), {}
+        for part in parts:
+            combine(acc, part)
+    out = {k: float(v) for k, v in acc.items()}
+    seq_tokens = out.pop("seq_tokens")
+    out.setdefault("kl", float("nan"))  # no reference model when kl_coef = 0
     out.update({"grad_norm": float(grad_norm), "lr": lr, "num_tokens": float(totals["num_tokens"]),
                 "seq_tokens": float(seq_tokens), "skipped": float(skipped)})
     if skipped:

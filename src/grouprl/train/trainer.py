@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import shlex
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +68,10 @@ class GRPOTrainer:
         source = model if model is not None else cfg.model
         if source is None:
             raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
+        from grouprl.train import dist
         from grouprl.train.score import resolve_reward_funcs
 
-        self.device = pick_device(cfg.device)
+        self.device = dist.current().device(pick_device(cfg.device))  # cuda:<local_rank> under accelerate
         self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                                  cfg.reward_kwargs)
@@ -137,24 +139,32 @@ class GRPOTrainer:
         checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
         of ``grouprl.train.resume_config.SAFE``."""
         from grouprl.config.io import write_yaml
-        from grouprl.train import reporting
+        from grouprl.train import dist, reporting
         from grouprl.train.checkpoint import save_final_atomic
         from grouprl.train.lock import run_lock
         from grouprl.train.loop import train
         from grouprl.train.output_dir import resume_checkpoint, start_run
         from grouprl.train.startup import check_resume_model, recorded_config
 
-        cfg = self.config
-        with run_lock(cfg.output_dir):  # one run per output_dir (a second one refuses, naming this one)
-            resume = start_run(cfg, resume_from_checkpoint)  # resume or fresh; config checks; config.yaml
+        cfg, ranks = self.config, dist.current()  # ranks: rank 0 alone touches the run's files (train/dist.py)
+
+        def prepare() -> Any:  # rank 0: resume or fresh, config checks, config.yaml, run_meta.json
+            resume = start_run(cfg, resume_from_checkpoint)
             check_resume_model(self.model.config.to_dict(), resume_checkpoint(cfg, resume))  # before its weights
             # config.yaml names what was used: a model object's path, '<python object: N rows>', reward import paths
             write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
             reporting.write_meta(cfg, self._reward_specs)  # which rewards, in which version (run_meta.json)
+            return resume
+
+        with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # one run per output_dir
+            resume = ranks.on_main(prepare)
             self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
-            final = save_final_atomic(self.model, self.tokenizer, cfg.output_dir, self.result["global_step"])
+            final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,
+                                  self.result["global_step"])
         self.result["final_model"] = str(final)
+        if not ranks.is_main:
+            return self.result
         self.result["report"] = str(reporting.refresh(cfg.output_dir, cfg.review_window) or "")
         print_summary(self.result, cfg)
         return self.result
