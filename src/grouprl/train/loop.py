@@ -55,6 +55,10 @@ __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_sa
 def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
           eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict."""
+    if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.ppo
+        from grouprl.train.ppo import train_ppo
+
+        return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume)
     load_builtins()
     device = next(model.parameters()).device
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
