@@ -81,9 +81,9 @@ def check_batch(cfg: Any) -> None:
                    "save_steps", "num_completions_to_log", "max_consecutive_skips")
     G = cfg.num_generations
     if G < 2 and cfg.algorithm != "ppo":
-        raise ConfigError(f"num_generations={G}: {cfg.algorithm} compares completions within a group, so it "
-                          f"needs at least 2 (8 is a good start). algorithm: ppo needs no groups (its baseline "
-                          f"is a critic's value) and accepts num_generations 1.")
+        raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs at least "
+                          f"2 (8 is a good start), as every group algorithm does (algorithm={cfg.algorithm!r}). "
+                          f"algorithm: ppo needs no groups (its baseline is a critic's value) and accepts 1.")
     if cfg.steps_per_generation is not None and cfg.steps_per_generation < 1:
         raise ConfigError(f"steps_per_generation={cfg.steps_per_generation} must be >= 1 (or null).")
     spg, ga = cfg.effective_steps_per_generation, cfg.gradient_accumulation_steps
@@ -149,8 +149,9 @@ PPO_FIELDS = ("critic_model", "critic_learning_rate", "vf_coef", "cliprange_valu
 def check_ppo(cfg: Any) -> None:
     """PPO's own fields: in range, set only with ``algorithm: ppo``, and no group-baseline options with it."""
     explicit = cfg.explicit_fields
-    if cfg.algorithm != "ppo":
-        stray = [f for f in PPO_FIELDS if f in explicit]
+    defaults = {f.name: f.default for f in fields(cfg)}
+    if cfg.algorithm != "ppo":  # a saved config sets every field: only a value other than the default counts
+        stray = [f for f in PPO_FIELDS if f in explicit and getattr(cfg, f) != defaults[f]]
         if stray:
             raise ConfigError(f"{', '.join(stray)} set with algorithm={cfg.algorithm!r}: only algorithm: ppo has "
                               f"a critic, so they would be ignored. Fix: set algorithm: ppo, or remove them.")
@@ -160,7 +161,8 @@ def check_ppo(cfg: Any) -> None:
     _range(cfg, "vf_coef", 0.0, None, open_low=True)
     _range(cfg, "cliprange_value", 0.0, None, open_low=True, fix="0.2 is usual; null = no value clipping")
     _range(cfg, "critic_learning_rate", 0.0, None, open_low=True)
-    unused = [f for f in ("advantage", "advantage_kwargs", "scale_rewards") if f in explicit and getattr(cfg, f)]
+    nominal = {"advantage": "grpo", "advantage_kwargs": {}, "scale_rewards": defaults["scale_rewards"]}
+    unused = [f for f, v in nominal.items() if f in explicit and getattr(cfg, f) != v]
     if unused:
         raise ConfigError(f"{', '.join(unused)} set with algorithm: ppo: PPO's advantages come from GAE over the "
                           f"critic's values (gamma, lam, whiten_advantages), not from a group estimator. "

@@ -32,15 +32,16 @@ def value_head(critic: Any) -> torch.nn.Linear:
 
 def build_critic(policy: Any, critic_model: str | None, device: torch.device) -> Any:
     """A value model for ``policy``: a copy of its backbone (``critic_model=None``) or loaded from a path."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
 
     from grouprl.train.model import resolve_model_path
 
     if critic_model is not None:
         path = resolve_model_path(critic_model)
         try:
-            critic = AutoModelForTokenClassification.from_pretrained(path, num_labels=1, classifier_dropout=0.0,
-                                                                     dtype=torch.float32)
+            config = AutoConfig.from_pretrained(path, num_labels=1)
+            config.classifier_dropout = 0.0
+            critic = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=torch.float32)
         except (OSError, ValueError) as e:
             raise ConfigError(f"critic_model={critic_model!r} could not be loaded as a token-classification model "
                               f"({e}). Fix: give a causal LM of a supported architecture, a critic saved by "
