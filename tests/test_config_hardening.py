@@ -156,3 +156,12 @@ def test_new_fields_are_documented_and_checked():
         GRPOConfig(lean_sampler="on")
     with pytest.raises(Exception, match="unknown KL estimator 'k4'"):
         GRPOConfig(kl_estimator="k4").check_names()
+
+
+@pytest.mark.parametrize("text", ["save_strategy: no", "save_strategy: 'no'"])
+def test_yaml_no_is_the_string_no_for_a_string_field(tmp_path, text):
+    """YAML 1.1 reads a bare `no` as False; for a string field it is TRL's `save_strategy: no`."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text + "\n")
+    assert GRPOConfig.from_yaml(recipe).save_strategy == "no"
+    assert GRPOConfig.from_yaml(None, ["save_strategy=no"]).save_strategy == "no"

@@ -10,7 +10,7 @@ from grouprl.errors import ConfigError
 
 def test_ppo_preset_and_one_completion_per_prompt():
     cfg = GRPOConfig(algorithm="ppo", num_generations=1, per_device_train_batch_size=4)
-    assert (cfg.policy_loss, cfg.loss_aggregation, cfg.kl_coef, cfg.dynamic_sampling) == ("grpo", "token_mean", 0.05,
+    assert (cfg.policy_loss, cfg.loss_aggregation, cfg.kl_coef, cfg.dynamic_sampling) == ("grpo", "token_mean", 0.0,
                                                                                          "none")
     assert (cfg.epsilon, cfg.epsilon_high, cfg.gamma, cfg.lam, cfg.kl_mode) == (0.2, 0.2, 1.0, 0.95, "reward")
     assert cfg.prompts_per_generation == 4

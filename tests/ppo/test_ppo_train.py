@@ -106,5 +106,13 @@ def test_resuming_a_grpo_checkpoint_as_ppo_is_a_clear_error(tiny_model_dir, trai
     GRPOTrainer(model=str(tiny_model_dir), config=grpo, train_dataset=train_rows, reward_funcs=char_reward).train()
     cfg = GRPOConfig(**_fast(tmp_path / "p", resume_from_checkpoint=str(tmp_path / "g" / "checkpoint-1")))
     t = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
-    with pytest.raises(ConfigError, match="holds no critic"):
+    with pytest.raises(ConfigError, match="algorithm: 'grpo' -> 'ppo'"):  # the resume-config check names it
         t.train()
+
+
+def test_a_checkpoint_without_a_critic_is_a_clear_error(tmp_path):
+    from grouprl.errors import ConfigError
+    from grouprl.train.ppo import _critic_state
+
+    with pytest.raises(ConfigError, match="holds no critic: it was not written by algorithm: ppo"):
+        _critic_state({"step": 1}, tmp_path)

@@ -66,3 +66,12 @@ def test_two_turn_trajectory_end_to_end(model_and_tok):
         ended_by_stop = second[-1] in stop_token_ids(tok)  # <|im_end|> or <|endoftext|>
         assert t.end_reason in (("answered", "max_turns") if ended_by_stop else ("max_tokens",))
         assert t.tool_calls == [{"name": "f", "arguments": {}, "result": "7", "error": None}]
+
+
+def test_the_lean_sampler_gives_the_tokens_generate_gives(model_and_tok, monkeypatch):
+    model, tok = model_and_tok
+    prompts = [tok.encode("What is 1 + 2?"), tok.encode("Hi"), tok.encode("<|im_start|>user\n7 * 8?")]
+    plain = hf_generate_fn(model, tok, lean=False)(prompts, [8, 5, 7], GREEDY)
+    monkeypatch.setattr(model, "generate", lambda **kw: pytest.fail("lean=True must not call generate"))
+    lean = hf_generate_fn(model, tok, lean=True)(prompts, [8, 5, 7], GREEDY)
+    assert lean == plain and all(len(r) <= b for r, b in zip(lean, [8, 5, 7]))

@@ -32,12 +32,12 @@ def run(tok, scripts, rows=None, group_size=1, env=FakeEnv, calls=None, **params
 
 
 @pytest.mark.parametrize("call, error, shown", [
-    ("f(", "malformed", "Error: malformed tool call: not valid call syntax (SyntaxError)"),
-    ('{"name": "f", "arguments": [1]}', "malformed", "Error: malformed tool call: 'arguments' must be an object"),
-    ("nope()", "unknown_tool", "Error: unknown tool 'nope'; available tools: add, boom, f, slow"),
-    ("add(a=1)", "bad_arguments", "Error: bad arguments for 'add': 'b' is a required property"),
-    ('{"name": "add", "arguments": {"a": 1, "b": "x"}}', "bad_arguments", "Error: bad arguments for 'add': 'x' is not"),
-    ("boom()", "exception", "Error: tool 'boom' raised RuntimeError: kaput"),
+    ("f(", "malformed", "error: malformed tool call: not valid call syntax (SyntaxError)"),
+    ('{"name": "f", "arguments": [1]}', "malformed", "error: malformed tool call: 'arguments' must be an object"),
+    ("nope()", "unknown_tool", "error: unknown tool 'nope'; available tools: add, boom, f, slow"),
+    ("add(a=1)", "bad_arguments", "error: missing argument 'b' for tool 'add'; expected: a, b"),
+    ('{"name": "add", "arguments": {"a": 1, "b": "x"}}', "bad_arguments", "error: argument 'b' of tool 'add': 'x' is not"),
+    ("boom()", "exception", "error: tool 'boom' raised RuntimeError: kaput"),
 ])
 def test_a_failing_call_is_shown_to_the_model_counted_and_the_run_goes_on(tok, call, error, shown):
     (t,) = run(tok, [[f"<tool_call>{call}</tool_call>{E}", ANSWER]])
@@ -60,7 +60,7 @@ def test_a_tool_that_sleeps_past_its_timeout(tok):
     (t,) = run(tok, [[f"<tool_call>slow()</tool_call>{E}", ANSWER]], tool_timeout_s=0.2)
     assert time.monotonic() - start < 3  # the tool would sleep 5 s
     assert t.end_reason == "answered" and t.tool_calls[0]["error"] == "timeout"
-    assert t.tool_calls[0]["result"] == "Error: tool 'slow' timed out after 0.2 s"
+    assert t.tool_calls[0]["result"] == "error: tool 'slow' did not finish within 0.2s"
     assert wait_for_threads() == []  # close() woke the late call: no thread left behind
 
 
@@ -159,6 +159,34 @@ def test_trl_style_environment_class(tok):
     (t,) = run(tok, [[f"<tool_call>lookup(key='z')</tool_call>{E}", ANSWER]], rows=rows, env=TrlStyleEnv)
     assert t.tool_calls[0]["error"] == "exception" and "KeyError" in t.tool_calls[0]["result"]
     assert t.env_reward == 0.0
+
+
+class CountingEnv(TrlStyleEnv):
+    def reset(self, **row) -> str:
+        self.lookups, self.seen, self._secret, self.lock = 0, {"b"}, 1, __import__("threading").Lock()
+        return super().reset(**row)
+
+    def lookup(self, key: str) -> str:
+        """Look a key up.
+
+        Args:
+            key: the key to look up.
+        """
+        self.lookups += 1
+        return super().lookup(key)
+
+    def get_reward(self) -> float:
+        self.scored = True
+        return super().get_reward()
+
+
+def test_env_state_holds_the_public_plain_data_after_the_reward(tok):
+    rows = [{"prompt": "go", "key": "b"}]
+    (t,) = run(tok, [['<tool_call>lookup(key="b")</tool_call>' + E, f"2{E}"]], rows=rows, env=CountingEnv)
+    # private (_secret) and non-data (a lock) attributes are left out; a set becomes a sorted list
+    assert t.env_state == {"key": "b", "found": "2", "lookups": 1, "seen": ["b"], "scored": True}
+    (t,) = run(tok, [[ANSWER]], env=None)
+    assert t.env_state == {}
 
 
 def test_no_environment_means_no_tools(tok):

@@ -60,7 +60,7 @@ def test_fresh_run_into_an_earlier_run_is_refused_before_the_model_loads(no_mode
         assert "newest: checkpoint-10, 2 in all" in err  # by step, not by name (checkpoint-2 sorts after -10)
         assert "`--resume` (or resume_from_checkpoint=true) to continue it from checkpoint-10" in err
         assert "`overwrite_output_dir=true`" in err and err.rstrip().endswith("or a different output_dir=<dir>.")
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-10", "checkpoint-2", "final", "metrics.jsonl"]
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock")  # the run lock stays == ["checkpoint-10", "checkpoint-2", "final", "metrics.jsonl"]
 
     only_final = tmp_path / "final_only"
     _earlier_run(only_final, steps=())
@@ -93,8 +93,9 @@ def test_overwrite_starts_clean_and_resume_keeps_the_run(tiny_model_dir, tmp_pat
 
     assert main(args + ["max_steps=2"]) == 0  # the same command again, into the same directory
     assert "removed" in capsys.readouterr().out
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-1", "checkpoint-2", "config.yaml", "final",
-                                                     "metrics.jsonl", "notes.txt", "samples.jsonl", "tensorboard"]
+    assert sorted(p.name for p in out.iterdir() if p.name != ".lock") == [
+        "checkpoint-1", "checkpoint-2", "config.yaml", "final", "metrics.jsonl", "notes.txt", "report.html",
+        "run_meta.json", "samples.jsonl", "tensorboard"]
     assert not (out / "final" / "model-00002-of-00002.safetensors").exists()
     assert [r["step"] for r in train_records(out)] == [1, 2]
     assert {json.loads(line)["step"] for line in (out / "samples.jsonl").read_text().splitlines()} == {1, 2}

@@ -113,13 +113,13 @@ def test_checkpoints_are_atomic_and_rotated(tiny_model_dir, train_rows, fast_con
     assert AutoModelForCausalLM.from_pretrained(ckpt) is not None  # plain HF format
 
 
-def test_resume_without_checkpoint_is_a_clear_error(tiny_model_dir, train_rows, fast_config, tmp_path):
-    from grouprl.errors import ConfigError
-
+def test_resume_without_checkpoint_starts_a_fresh_run(tiny_model_dir, train_rows, fast_config, tmp_path, capsys):
     cfg = _config(fast_config, tmp_path / "empty")
     trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)
-    with pytest.raises(ConfigError, match="holds no checkpoint"):
-        trainer.train(resume_from_checkpoint=True)
+    trainer.train(resume_from_checkpoint=True)  # a run killed before its first save: --resume starts it afresh
+    assert "holds no complete checkpoint yet (the run stopped before its first save): starting a fresh run" in \
+        capsys.readouterr().out
+    assert [r["step"] for r in train_records(cfg.output_dir)] == [1, 2, 3, 4]
 
 
 def test_lora_resume_restores_the_adapter(tiny_model_dir, train_rows, fast_config, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,17 +31,28 @@ def run(args: argparse.Namespace) -> int:
     cfg.check_names()
     cfg.check_reward_kwargs()
     configure_for_run(cfg)
-    from grouprl.train.output_dir import check_output_dir
+    from grouprl.train.lock import check_free, run_lock
+    from grouprl.train.output_dir import preflight
 
-    check_output_dir(cfg, args.resume)  # an earlier run's checkpoints: refuse before any model loads
     if args.dry_run:
+        check_free(cfg.output_dir)  # another run holds output_dir
+        preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes: all before loading
         import yaml
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
     from grouprl.train import GRPOTrainer
+    from grouprl.train.signals import RunInterrupted
 
-    trainer = GRPOTrainer(config=cfg)
-    trainer.train(resume_from_checkpoint=args.resume)
+    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
+        resume, _ = preflight(cfg, args.resume)
+        trainer = GRPOTrainer(config=cfg)
+        try:
+            trainer.train(resume_from_checkpoint=resume)
+        except RunInterrupted as e:
+            again = " ".join(["grouprl train", *(["-c", args.config] if args.config else []), *args.overrides])
+            print(f"grouprl: stopped after step {e.step}; checkpoint saved in {e.checkpoint}. Continue with: "
+                  f"{again} --resume", file=sys.stderr)
+            return e.exit_code
     return 0
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from grouprl.config import io, presets, validate
+from grouprl.config import agent, io, presets, validate
 from grouprl.errors import ConfigError, did_you_mean
 
 
@@ -220,6 +220,29 @@ class GRPOConfig:
     rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
     what ``generate`` samples), off on CUDA/MPS; ``true`` / ``false`` force it."""
 
+    # ---- agents: tools and environments -------------------------------------------------------
+    tools: list = field(default_factory=list)
+    """Tool functions the model may call, as ``["package.module:function", ...]`` (type hints and a Google-style
+    docstring on each: the schema shown to the model comes from ``transformers.utils.get_json_schema``).
+    With tools or an environment, rollouts are multi-turn (docs/AGENTS.md)."""
+    environment: str | None = None
+    """A TRL-style environment class, built once per rollout: a built-in name (``calculator``, ``python``,
+    ``search``; ``grouprl list environments``) or ``package.module:ClassName``. Its public methods are the
+    tools, ``reset(**row)`` starts a rollout and an optional ``get_reward()`` is added to the reward."""
+    max_turns: int = 4
+    """Model turns per rollout (generate calls) with tools; a tool call in the last turn ends it (``max_turns``).
+    ``max_new_tokens`` bounds the whole trajectory, model and tool tokens together."""
+    max_tool_failures: int | None = 3
+    """Failed tool calls (malformed, unknown tool, bad arguments, exception, timeout) after which a rollout
+    ends (``tool_error_budget``); ``null`` = no limit."""
+    tool_timeout_s: float = 10.0
+    """Wall-clock limit of one tool call in seconds; a late call returns an error message to the model."""
+    trajectory_timeout_s: float = 300.0
+    """Wall-clock limit of one multi-turn rollout in seconds (``timeout``)."""
+    chat_template: str | None = None
+    """A ``.jinja`` file (or a Jinja string) replacing the tokenizer's chat template for multi-turn rollouts;
+    it must be prefix-preserving (``grouprl check-template`` tells)."""
+
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0
     """Evaluate every N optimizer steps (0 = only before and after training)."""
@@ -273,13 +296,26 @@ class GRPOConfig:
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (oldest removed first)."""
     resume_from_checkpoint: Any = None
-    """A checkpoint directory, or ``true`` for the latest one in output_dir."""
+    """A checkpoint directory; ``true`` for the latest one in output_dir (none yet: a fresh run); ``auto``:
+    resume an unfinished run in output_dir (checkpoints, no complete final/), else start afresh."""
+    review_window: int = 100
+    """Steps per sample-review window of the run report (``report.html`` in output_dir, rewritten at each
+    evaluation and checkpoint): the 20 highest- and 20 lowest-reward completions of each window."""
+    reward_changelog: list = field(default_factory=list)
+    """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
+    (``step`` optional) that the run report shows next to the measured effect."""
 
     # ---- TRL aliases (resolved into the fields above) -------------------------------------------
     beta: float | None = None
     """Alias of kl_coef (TRL's name)."""
     max_completion_length: int | None = None
     """Alias of max_new_tokens (TRL's name)."""
+
+    # ---- run safety ------------------------------------------------------------------------------
+    max_rounds_without_reward: int = 3
+    """Stop with an error naming the reward functions if none of the first N generation rounds gave any
+    sample a reward (every function returned None: e.g. no ``answer`` column for ``accuracy``, no ``tests``
+    for ``code``). 0 disables the check."""
 
 
     def __post_init__(self) -> None:
@@ -324,6 +360,7 @@ class GRPOConfig:
     def validate(self) -> None:
         """Check types, values and batch arithmetic; raises ConfigError naming the field, value and fix."""
         validate.validate(self)
+        agent.check_agent_fields(self)
 
     def check_names(self) -> None:
         """Check registry names, the hyper-parameters each chosen function can honour, and that the report_to

@@ -73,6 +73,8 @@ def coerce(f: dataclasses.Field, value: Any) -> Any:
     kind = str(f.type)
     if isinstance(value, str) and value.lower() in ("null", "none", "~") and "None" in kind:
         return None
+    if isinstance(value, bool) and kind.startswith("str"):  # YAML 1.1 reads `no` / `yes` / `off` as booleans:
+        return "no" if value is False else "yes"  # `save_strategy: no` (TRL's spelling) means the string
     try:
         if isinstance(value, str) and kind.startswith("float"):
             return float(value)

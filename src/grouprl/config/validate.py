@@ -78,7 +78,7 @@ def check_batch(cfg: Any) -> None:
     """Batch arithmetic (TRL's convention), with the formula in the message."""
     _positive_ints(cfg, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                    "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size", "eval_num_samples",
-                   "save_steps", "num_completions_to_log", "max_consecutive_skips")
+                   "save_steps", "num_completions_to_log", "max_consecutive_skips", "review_window")
     G = cfg.num_generations
     if G < 2 and cfg.algorithm != "ppo":
         raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs at least "

@@ -18,6 +18,14 @@ Starts from 1.0 and subtracts:
   the paper's signed form), and 1 beyond. It replaces the linear length penalty.
 
 Clamped to [0, 1]. The worked example (1 call, 19 words, 4 distinct sentences) scores 1.0.
+
+Trajectories (multi-turn tool rollouts, docs/AGENTS.md) are scored on what happened rather than on text:
+steps are the tool calls made (``tool_calls``), length and repetition are measured on the model's own turns
+(``model_turns``; tool outputs are not the policy's text), and the environment's counters (``env_state``)
+are held to the task's budget -- the code-repair template "<= 3 edits, <= 5 iterations" is
+``max_edits=3, max_iterations=5``; retrieval's search count is ``max_searches``. Each edit, iteration or
+search over its budget costs 0.1, like a step over ``expected_steps``; all these count penalties together
+take at most 0.5.
 """
 
 from __future__ import annotations
@@ -64,6 +72,21 @@ def ngram_repetition(text: str, n: int = 4) -> float:
     return 1.0 - len(set(grams)) / len(grams)
 
 
+def count_penalty(steps: int, expected_steps: int, env_state: dict, budgets: dict) -> float:
+    """0.1 per tool call over ``expected_steps`` and per counter of ``env_state`` over its budget
+    (``budgets``: counter name -> limit or None), at most 0.5 in all.
+
+    >>> count_penalty(5, 3, {"edits": 5, "iterations": 6}, {"edits": 3, "iterations": 5})
+    0.5
+    """
+    extra = max(0, steps - expected_steps)
+    for key, limit in budgets.items():
+        value = env_state.get(key)
+        if limit is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            extra += max(0, value - limit)
+    return min(0.1 * extra, 0.5)
+
+
 @REWARDS.register("efficiency")
 @time_limited
 def efficiency_reward(
@@ -76,6 +99,12 @@ def efficiency_reward(
     overlong_buffer: int | None = None,
     ngram: int = 4,
     ngram_penalty: float = 0.3,
+    max_edits: int | None = None,
+    max_iterations: int | None = None,
+    max_searches: int | None = None,
+    tool_calls: list | None = None,
+    model_turns: list | None = None,
+    env_state: dict | None = None,
     **meta,
 ) -> float:
     """Efficiency in [0, 1]: 1 minus penalties for extra tool calls, overlong output and repetition.
@@ -85,10 +114,11 @@ def efficiency_reward(
     >>> efficiency_reward("<think>r = 5, so S = 25 pi = 78.54</think><tool_call>calc(x='25*pi')</tool_call>")
     1.0
     """
-    score = 1.0
-    steps = completion.count(_text.TOOL_OPEN)
-    if steps > expected_steps:
-        score -= min(0.1 * (steps - expected_steps), 0.5)
+    if model_turns is not None:  # a trajectory: the model's own text, tool outputs left out
+        completion = "\n".join(str(t) for t in model_turns)
+    steps = len(tool_calls) if tool_calls is not None else completion.count(_text.TOOL_OPEN)
+    score = 1.0 - count_penalty(steps, expected_steps, env_state or {},
+                                {"edits": max_edits, "iterations": max_iterations, "num_searches": max_searches})
     length = count_length(completion, tokenizer)
     if overlong_buffer:
         score -= dapo_overlong_penalty(length, max_tokens, min(overlong_buffer, max_tokens))

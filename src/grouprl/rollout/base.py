@@ -31,6 +31,9 @@ class Rollout:
     prompt_ids [N,P] left-padded, prompt_mask [N,P], completion_ids [N,T] right-padded, completion_mask [N,T]
     (1 up to and including the first EOS), truncated [N] bool (no EOS within max_new_tokens),
     completions: decoded text without special tokens, prompts: the prompt text of each row.
+    Multi-turn rollouts add ``loss_mask [N,T]`` (1 on model-sampled tokens, 0 on tool outputs and template
+    glue; ``None`` = every completion token was sampled) and ``trajectories`` (one
+    :class:`grouprl.rollout.trajectory.Trajectory` per row).
     """
 
     prompt_ids: Any
@@ -40,6 +43,8 @@ class Rollout:
     truncated: Any
     completions: list[str]
     prompts: list[str]
+    loss_mask: Any = None
+    trajectories: list | None = None
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -56,11 +61,14 @@ class Rollout:
         idx = torch.as_tensor(index, dtype=torch.long, device=self.prompt_ids.device)
         return Rollout(self.prompt_ids[idx], self.prompt_mask[idx], self.completion_ids[idx],
                        self.completion_mask[idx], self.truncated[idx],
-                       [self.completions[i] for i in index], [self.prompts[i] for i in index])
+                       [self.completions[i] for i in index], [self.prompts[i] for i in index],
+                       None if self.loss_mask is None else self.loss_mask[idx],
+                       None if self.trajectories is None else [self.trajectories[i] for i in index])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
-    """Stack rollouts whose prompt/completion widths differ (prompts re-padded left, completions right)."""
+    """Stack rollouts whose prompt/completion widths differ (prompts re-padded left, completions right;
+    ``loss_mask`` right-padded with 0, carried when every part has one, as are ``trajectories``)."""
     import torch
 
     P = max(r.prompt_ids.shape[1] for r in parts)
@@ -81,6 +89,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([r.truncated for r in parts]),
         [c for r in parts for c in r.completions],
         [p for r in parts for p in r.prompts],
+        torch.cat([pad(r.loss_mask, T, 0, False) for r in parts]) if all(r.loss_mask is not None for r in parts)
+        else None,
+        [t for r in parts for t in r.trajectories] if all(r.trajectories is not None for r in parts) else None,
     )
 
 

@@ -20,14 +20,13 @@ after its tools ran.
 Tokens are never re-derived from text (DESIGN.md): the next prompt is the previous ids + the sampled ids
 + :func:`grouprl.rollout.chat.tool_turn_ids`. Tool calls are parsed by the same parser as the
 ``tool_call`` reward (:func:`grouprl.rewards.tool_call.parse_tool_blocks`); a malformed call, an unknown
-tool, arguments that fail the tool's JSON schema, an exception or a timeout becomes an ``Error: ...``
+tool, arguments that fail the tool's JSON schema, an exception or a timeout becomes an ``error: ...``
 tool message that the model sees, is counted, and never stops the run.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,9 +34,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
+from grouprl.envs.base import BadArgumentsError, ClassToolEnv, ToolEnv, call_with_timeout, validate_arguments
 from grouprl.rewards.tool_call import parse_tool_blocks
 from grouprl.rollout.chat import load_chat_template, prompt_ids, stop_token_ids, tool_turn_ids
-from grouprl.rollout.trajectory import END_REASONS, Trajectory
+from grouprl.rollout.trajectory import END_REASONS, Trajectory, public_state
 
 GenerateFn = Callable[[list[list[int]], "list[int] | int", Any], list[list[int]]]
 CallToolFn = Callable[[Any, str, dict, float], "tuple[str, str | None]"]
@@ -72,66 +72,19 @@ class MultiTurnParams:
             raise ValueError(f"MultiTurnParams.max_tool_failures={self.max_tool_failures} must be >= 1 or None")
 
 
-def call_with_timeout(env: Any, name: str, arguments: dict, timeout_s: float) -> tuple[str, str | None]:
-    """``(text for the model, error kind or None)`` of ``env.call(name, arguments)``; never raises.
-
-    The call runs in a daemon thread joined for at most ``timeout_s`` (Python cannot kill a thread: a
-    late call finishes in the background, and ``env.close()`` should make it return).
-    Replace with ``grouprl.envs.base.call_with_timeout`` (same contract) through ``call_tool=``.
-    """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["out"] = str(env.call(name, arguments))
-        except BaseException as e:  # noqa: BLE001 -- any tool failure goes back to the model
-            box["err"] = e
-
-    thread = threading.Thread(target=run, name=f"grouprl-tool-{name}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        return f"Error: tool {name!r} timed out after {timeout_s:g} s", "timeout"
-    if "err" in box:
-        e = box["err"]
-        return f"Error: tool {name!r} raised {type(e).__name__}: {e}", "exception"
-    return box["out"], None
-
-
-class _MethodEnv:
-    """A TRL-style environment (``reset(**row)``, public methods as tools, optional ``get_reward``)."""
-
-    def __init__(self, obj: Any) -> None:
-        from transformers.utils import get_json_schema
-
-        self.obj = obj
-        self.tools = []
-        for name in dir(obj):
-            attr = getattr(obj, name)
-            if name.startswith("_") or name in ("reset", "get_reward", "close") or not callable(attr):
-                continue
-            try:
-                self.tools.append(get_json_schema(attr))  # {"type": "function", "function": {...}}
-            except Exception:  # no Google-style docstring: expose the name with free arguments
-                self.tools.append({"type": "function", "function": {"name": name, "parameters": {"type": "object"}}})
-
-    def reset(self, row: dict) -> str | None:
-        return self.obj.reset(**row) if hasattr(self.obj, "reset") else None
-
-    def call(self, name: str, arguments: dict) -> str:
-        return getattr(self.obj, name)(**arguments)
-
-    def reward(self) -> float | None:
-        return self.obj.get_reward() if hasattr(self.obj, "get_reward") else None
-
-    def close(self) -> None:
-        if hasattr(self.obj, "close"):
-            self.obj.close()
-
-
 def as_tool_env(obj: Any) -> Any:
-    """``obj`` when it follows the ToolEnv contract (``tools`` + ``call``), else a TRL-style adapter."""
-    return obj if hasattr(obj, "call") and hasattr(obj, "tools") else _MethodEnv(obj)
+    """``obj`` when it follows the ToolEnv contract (``tools`` + ``call``), else a TRL-style environment
+    object seen through :class:`grouprl.envs.base.ClassToolEnv` (``reset(**row)``, public methods as tools,
+    optional ``get_reward``)."""
+    return obj if hasattr(obj, "call") and hasattr(obj, "tools") else ClassToolEnv(obj)
+
+
+def _env_object(env: Any) -> Any:
+    """The user's environment object behind ``env`` (``ToolEnv.instance``), or ``env`` itself."""
+    instance = getattr(env, "instance", None)
+    if instance is not None:
+        return instance
+    return object() if isinstance(env, ToolEnv) else env  # plain tools=: no state of their own
 
 
 @dataclass
@@ -168,27 +121,23 @@ def _schemas(tools: list[dict]) -> dict[str, dict]:
 
 def _run_calls(live: _Live, blocks: list, cfg: MultiTurnParams, call_tool: CallToolFn) -> list[dict]:
     """Run the parsed calls of one turn in order; one ``{name, arguments, result, error}`` per block."""
-    import jsonschema
-
     schemas, records = _schemas(live.tools), []
     for call, reason in blocks:
         remaining = cfg.trajectory_timeout_s - (time.monotonic() - live.start)
         if call is None:
-            rec = {"name": None, "arguments": None, "result": f"Error: malformed tool call: {reason}", "error": "malformed"}
+            rec = {"name": None, "arguments": None, "result": f"error: malformed tool call: {reason}", "error": "malformed"}
         elif call["name"] not in schemas:
             known = ", ".join(sorted(schemas)) or "none"
-            rec = {**call, "result": f"Error: unknown tool {call['name']!r}; available tools: {known}",
+            rec = {**call, "result": f"error: unknown tool {call['name']!r}; available tools: {known}",
                    "error": "unknown_tool"}
         elif remaining <= 0:
-            rec = {**call, "result": "Error: the trajectory ran out of time", "error": "timeout"}
+            rec = {**call, "result": "error: the trajectory ran out of time", "error": "timeout"}
         else:
-            try:
-                jsonschema.validate(call["arguments"], schemas[call["name"]])
+            try:  # the envs' own check (the ToolEnv contract checks again inside call; a custom env may not)
+                validate_arguments(call["name"], schemas[call["name"]], call["arguments"])
                 result, error = call_tool(live.env, call["name"], call["arguments"], min(cfg.tool_timeout_s, remaining))
-            except jsonschema.ValidationError as e:
-                result, error = f"Error: bad arguments for {call['name']!r}: {e.message}", "bad_arguments"
-            except jsonschema.SchemaError as e:
-                result, error = f"Error: tool {call['name']!r} has an invalid schema: {e.message}", "exception"
+            except BadArgumentsError as e:
+                result, error = f"error: {e}", "bad_arguments"
             rec = {**call, "result": result, "error": error}
         records.append(rec)
     return records
@@ -201,7 +150,7 @@ class MultiTurnRollout:
     end-of-turn token when one was sampled; see :func:`hf_generate_fn`). ``env_factory()`` builds one
     environment per trajectory (the ToolEnv contract, or a TRL-style class); ``None`` = no tools.
     ``chat_template``: a Jinja string or ``.jinja`` path replacing the tokenizer's (must be prefix-preserving).
-    ``call_tool`` runs one call under a timeout (default :func:`call_with_timeout`).
+    ``call_tool`` runs one call under a timeout (default :func:`grouprl.envs.base.call_with_timeout`).
     """
 
     def __init__(self, tokenizer: Any, generate_fn: GenerateFn, params: MultiTurnParams | None = None, *,
@@ -235,7 +184,8 @@ class MultiTurnRollout:
             except Exception as e:  # a broken reward scores this trajectory None (unscored), never the run
                 log.warning("multi-turn rollout: %s.reward() raised %s: %s; env_reward=None",
                             type(live.env).__name__, type(e).__name__, e)
-            finally:
+            finally:  # the counters as the reward left them (e.g. code repair's passed / total)
+                live.traj.env_state = public_state(_env_object(live.env))
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
 
@@ -282,7 +232,7 @@ class MultiTurnRollout:
             return job.result(timeout=bound)
         except FutureTimeout:
             return [{**(call or {"name": None, "arguments": None}), "error": "timeout",
-                     "result": f"Error: the tool calls did not return within {bound:.1f} s"} for call, _ in blocks]
+                     "result": f"error: the tool calls did not return within {bound:.1f} s"} for call, _ in blocks]
 
     def run(self, rows: list[dict], group_size: int = 1, params: Any = None) -> list[Trajectory]:
         """``len(rows) * group_size`` trajectories, rows ``i*G .. i*G+G-1`` of prompt ``i`` (``group = i``).
@@ -342,21 +292,39 @@ def multiturn_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     return out
 
 
-def hf_generate_fn(model: Any, tokenizer: Any, stop_ids: list[int] | None = None) -> GenerateFn:
-    """A ``generate_fn`` over a transformers model: one left-padded ``model.generate`` call with a KV cache.
+def hf_generate_fn(model: Any, tokenizer: Any, stop_ids: list[int] | None = None, *,
+                   lean: bool | None = False) -> GenerateFn:
+    """A ``generate_fn`` over a transformers model: one left-padded batched call with a KV cache.
 
     ``params`` is a :class:`grouprl.rollout.base.SamplingParams` (temperature, top_p, top_k; ``None`` =
     sampling at temperature 1); its ``max_new_tokens`` is replaced by the largest per-row budget, and each
     row is cut at its own budget and after its first stop token (the tokenizer's EOS, the model's EOS ids
-    and the template's end-of-turn tokens).
+    and the template's end-of-turn tokens). ``lean``: sample with :func:`grouprl.rollout.lean.lean_sample`
+    (same tokens / distribution as ``model.generate``, faster on CPU) where it supports the model; ``None`` =
+    on the CPU only, as ``lean_sampler`` in a recipe.
     """
     import torch
 
     from grouprl.rollout.base import SamplingParams
-    from grouprl.rollout.hf import eos_token_ids, generation_config
+    from grouprl.rollout.hf import eos_token_ids, generation_config, use_lean_sampler
+    from grouprl.rollout.lean import lean_sample, unsupported_reason
 
     stops = sorted(set(stop_ids) if stop_ids else set(eos_token_ids(model, tokenizer)) | set(stop_token_ids(tokenizer)))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+
+    def sample(ids: Any, mask: Any, base: SamplingParams) -> list[list[int]]:
+        if use_lean_sampler(lean, ids.device.type) and unsupported_reason(model) is None:
+            return lean_sample(model, ids, mask, 1, max_new_tokens=base.max_new_tokens, temperature=base.temperature,
+                               top_k=base.top_k, top_p=base.top_p, eos_token_ids=stops, pad_token_id=pad_id).tolist()
+        cfg = generation_config(base, pad_id, stops)
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
+        finally:
+            model.train(was_training)
+        return out[:, ids.shape[1]:].tolist()
 
     def generate(prompt_id_lists: list[list[int]], max_new_tokens: list[int] | int, params: Any) -> list[list[int]]:
         n = len(prompt_id_lists)
@@ -369,16 +337,9 @@ def hf_generate_fn(model: Any, tokenizer: Any, stop_ids: list[int] | None = None
             ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
             mask[i, width - len(row):] = 1
         base = params if params is not None else SamplingParams(max_new_tokens=max(budgets))
-        cfg = generation_config(replace(base, max_new_tokens=max(budgets)), pad_id, stops)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), generation_config=cfg)
-        finally:
-            model.train(was_training)
         result = []
-        for row, budget in zip(out[:, width:].tolist(), budgets):
+        for row, budget in zip(sample(ids.to(device), mask.to(device), replace(base, max_new_tokens=max(budgets))),
+                               budgets):
             row = row[:budget]
             end = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
             result.append(row[:end])

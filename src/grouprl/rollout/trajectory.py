@@ -23,6 +23,8 @@ class Trajectory:
     ``end_reason``: one of :data:`END_REASONS` (``max_tokens`` = truncated by the token budget).
     ``messages``: the conversation as text (prompt messages, assistant turns as decoded, tool messages).
     ``group``: index of the prompt; the ``G`` rollouts of one prompt share it.
+    ``env_state``: the environment object's public attributes that are plain data (numbers, strings, lists,
+    dicts; e.g. ``edits``, ``iterations``, ``num_searches``, ``returned_ids``), read when the rollout ended.
     ``rollout_logp``: the sampler's log-prob of each completion token (0.0 on mask-0 tokens), when known.
     """
 
@@ -36,6 +38,7 @@ class Trajectory:
     messages: list[dict] = field(default_factory=list)
     group: int = 0
     env_reward: float | None = None
+    env_state: dict = field(default_factory=dict)  # the environment's public counters after the rollout
     completion: str = ""  # decoded completion (special tokens skipped), what the rewards score
 
     def append(self, ids: list[int], sampled: bool) -> None:
@@ -65,6 +68,24 @@ class Trajectory:
     @property
     def tool_tokens(self) -> int:
         return len(self.loss_mask) - sum(self.loss_mask)
+
+
+def public_state(obj: Any) -> dict:
+    """The public attributes of ``obj`` that are plain data, copied (JSON round trip; sets become sorted
+    lists): what reward functions see of an environment as ``env_state``."""
+    import json
+
+    out = {}
+    for key, value in vars(obj).items() if hasattr(obj, "__dict__") else ():
+        if key.startswith("_") or callable(value):
+            continue
+        if isinstance(value, (set, frozenset)):
+            value = sorted(value, key=repr)
+        try:
+            out[key] = json.loads(json.dumps(value))
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 @dataclass

@@ -4,17 +4,23 @@ Layout of ``<output_dir>/checkpoint-<step>/``:
   model files (``save_pretrained``: loads in transformers / vLLM unchanged; an adapter for LoRA runs),
   tokenizer files, ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, step, and the
   unfinished generation round, if any) and ``trainer_state.json`` (the human-readable part).
-A checkpoint is written to ``.tmp-checkpoint-<step>`` and renamed when complete.
+A checkpoint is written to ``.tmp-checkpoint-<step>``, flushed to disk (fsync) and renamed when complete;
+``final/`` likewise (:func:`save_final_atomic`), so a kill never leaves a folder that looks finished.
+The state also records the byte lengths of ``metrics.jsonl`` / ``samples.jsonl`` at the save
+(``log_bytes``): a resumed run cuts the logs back to exactly what the checkpoint covers
+(:func:`truncate_logs`), so nothing logged after the save (e.g. the final evaluation) is logged twice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -67,19 +73,114 @@ def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: An
         tokenizer.save_pretrained(tmp)
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
                 "step": step, **state}, tmp / "trainer_state.pt")
-    summary = {"step": step, "data": state.get("data"), "history": state.get("history", [])}
+    summary = {"step": step, "data": state.get("data"), "history": state.get("history", []),
+               "log_bytes": state.get("log_bytes"), "config": state.get("config")}
     (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1, default=str))
+    fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
+    fsync_tree(root, files=False)
     if total_limit:
         for old in list_checkpoints(root)[:-total_limit]:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
+def fsync_tree(path: Path, *, files: bool = True) -> None:
+    """Flush ``path``'s files (``files``) and the directory entry itself to disk before a rename relies on them."""
+    if files:
+        for f in path.rglob("*"):
+            if f.is_file():
+                fd = os.open(f, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms that cannot open a directory
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: int) -> Path:
+    """Write ``<output_dir>/final`` as a whole or not at all: into ``.tmp-final``, fsync, mark it complete
+    (``final/.complete`` holds the step), then rename over any earlier ``final/``."""
+    from grouprl.train.model import save_final
+    from grouprl.train.output_dir import COMPLETE
+
+    root = Path(output_dir)
+    tmp, final, old = root / ".tmp-final", root / "final", root / ".old-final"
+    for leftover in (tmp, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    save_final(model, tokenizer, tmp)
+    (tmp / COMPLETE).write_text(f"{step}\n")
+    fsync_tree(tmp)
+    if final.exists():
+        final.rename(old)
+    tmp.rename(final)
+    fsync_tree(root, files=False)
+    shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def log_sizes(output_dir: str | Path) -> dict[str, int]:
+    """Byte length of each JSONL log now (the logger flushes after every write)."""
+    root = Path(output_dir)
+    return {name: (root / name).stat().st_size for name in ("metrics.jsonl", "samples.jsonl")
+            if (root / name).is_file()}
+
+
+def truncate_logs(output_dir: str | Path, checkpoint: Path, log_bytes: dict[str, int] | None) -> None:
+    """Cut the logs in ``output_dir`` back to their length at the save of ``checkpoint`` (only for a checkpoint
+    of this output_dir: one from another run says nothing about these files)."""
+    root = Path(output_dir)
+    if not log_bytes or checkpoint.resolve().parent != root.resolve():
+        return
+    for name, size in log_bytes.items():
+        path = root / name
+        if path.is_file() and path.stat().st_size > size:
+            os.truncate(path, size)
+
+
+def set_learning_rate(optimizer: Any, scheduler: Any, lr: float) -> float | None:
+    """After a resume: a new ``learning_rate`` scales every param group's initial and base lr (and the
+    scheduler's) by new/old, and the current lr is recomputed from this run's schedule at the restored step
+    (so a new ``max_steps`` reshapes a decaying schedule from here on; unchanged, it is the saved value).
+    Returns the old base lr when it changed, else None."""
+    base = list(getattr(scheduler, "base_lrs", [])) or [g.get("initial_lr", g["lr"]) for g in optimizer.param_groups]
+    old = base[0]
+    changed = bool(old) and abs(old - lr) > 1e-12 * max(abs(old), abs(lr))
+    ratio = lr / old if changed else 1.0
+    for g in optimizer.param_groups:
+        g["lr"] *= ratio
+        if "initial_lr" in g:
+            g["initial_lr"] *= ratio
+    if hasattr(scheduler, "base_lrs"):
+        scheduler.base_lrs = [b * ratio for b in scheduler.base_lrs]
+    lambdas = getattr(scheduler, "lr_lambdas", None)
+    if lambdas:  # the schedule of this run (a new max_steps changes its length): lr at the restored step
+        for g, b, fn in zip(optimizer.param_groups, scheduler.base_lrs, lambdas):
+            g["lr"] = b * fn(scheduler.last_epoch)
+    if hasattr(scheduler, "_last_lr"):
+        scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
+    return old if changed else None
+
+
 def resolve_resume(resume: Any, output_dir: str | Path) -> Path | None:
-    """``True`` / ``"latest"`` -> newest checkpoint in output_dir; a path -> that path; falsy -> None."""
+    """``True`` / ``"latest"`` -> newest checkpoint in output_dir; a path -> that path; falsy -> None;
+    ``"auto"`` -> the newest checkpoint of an unfinished run, else None (``output_dir.decide_resume``)."""
+    if resume == "auto":
+        from grouprl.train.output_dir import decide_resume
+
+        resume = decide_resume(SimpleNamespace(output_dir=output_dir, overwrite_output_dir=True), "auto")[0]
     if resume in (None, False, "", "false"):
         return None
     if resume is True or resume in ("true", "latest"):

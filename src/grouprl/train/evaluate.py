@@ -13,6 +13,7 @@ from typing import Any
 
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.rollout.base import SamplingParams
+from grouprl.train.agent import agent_metrics, agent_rollout, build_agent, reward_inputs, trajectory_record
 from grouprl.train.score import RewardScorer
 
 
@@ -29,8 +30,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, prompt_column: str,
              system_prompt: str | None, max_new_tokens: int, max_prompt_length: int | None,
              temperature: float = 0.0, num_samples: int = 1, top_p: float = 1.0, batch_size: int = 32,
-             threshold: float = 1.0, ks: tuple[int, ...] = (1,)) -> dict[str, Any]:
+             threshold: float = 1.0, ks: tuple[int, ...] = (1,), agent: Any = None,
+             model: Any = None) -> dict[str, Any]:
     """Decode ``num_samples`` completions per row (greedy when temperature == 0) and score them.
+
+    With ``agent`` (``grouprl.train.agent.Agent``) the rollouts are multi-turn on ``model``, as in training:
+    the reward sees the trajectory (final answer, tool calls, ...), lengths count model tokens only, and the
+    result adds the tool-use statistics (``tools/calls_per_traj``, ``turns/mean``, ``end_reason/*``, ...).
 
     A completion counts as correct for pass@k when its reward >= ``threshold``; ``None`` rewards (no
     opinion) are left out of the accuracy mean and of pass@k (a prompt counts for pass@k when at least k of
@@ -44,24 +50,37 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
     per_prompt_correct: list[int] = []
     lengths: list[int] = []
     samples: list[dict] = []
+    trajectories: list = []
     for start in range(0, len(rows), batch_size):
         chunk = rows[start:start + batch_size]
-        texts = [render_prompt(r[prompt_column], tokenizer, system_prompt) for r in chunk]
-        out = backend.generate(texts, num_samples, params)
         expanded = [r for r in chunk for _ in range(num_samples)]
         columns = reward_columns(expanded, prompt_column)
         prompts = [r[prompt_column] for r in expanded]
-        completions = completions_for_rewards(out.completions, prompts)
+        if agent is None:
+            texts = [render_prompt(r[prompt_column], tokenizer, system_prompt) for r in chunk]
+            out = backend.generate(texts, num_samples, params)
+            completions = completions_for_rewards(out.completions, prompts)
+        else:
+            out = agent_rollout(agent, model, tokenizer, chunk, num_samples, params, prompt_column=prompt_column,
+                                system_prompt=system_prompt)
+            texts = out.prompts[::num_samples]
+            completions, traj_columns = reward_inputs(out.trajectories, prompts)
+            columns.update(traj_columns)
+            trajectories.extend(out.trajectories)
         ids = out.token_lists() if hasattr(out, "token_lists") else None
         totals, _ = scorer.score(prompts, completions, columns, completion_ids=ids)
-        lengths.extend(out.completion_mask.sum(dim=1).tolist())
+        mask = out.completion_mask if getattr(out, "loss_mask", None) is None else out.loss_mask
+        lengths.extend(mask.sum(dim=1).tolist())
         for i in range(len(chunk)):
             group = totals[i * num_samples:(i + 1) * num_samples]
             values.extend(v for v in group if not math.isnan(v))
             scored = [v for v in group if not math.isnan(v)]
             per_prompt_correct.append((len(scored), sum(1 for v in scored if v >= threshold)))
         if len(samples) < 4:
-            samples.append({"prompt": texts[0], "completion": out.completions[0], "reward": totals[0]})
+            sample = {"prompt": texts[0], "completion": out.completions[0], "reward": totals[0]}
+            if agent is not None:
+                sample.update(trajectory_record(out.trajectories[0], tokenizer))
+            samples.append(sample)
     result: dict[str, Any] = {
         "accuracy": sum(values) / len(values) if values else float("nan"),
         "num_scored": len(values),
@@ -73,19 +92,24 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         if k <= num_samples:
             judged = [pass_at_k(n, c, k) for n, c in per_prompt_correct if n >= k]
             result[f"pass@{k}"] = sum(judged) / len(judged) if judged else float("nan")
+    if trajectories:
+        result.update(agent_metrics(trajectories))
     return result
 
 
 def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *,
                    backend: Any = None, temperature: float | None = None, num_samples: int | None = None,
-                   ks: Any = None) -> dict[str, Any]:
-    """Evaluate ``model`` on ``rows`` as the config says (``None`` = the recipe's eval settings)."""
+                   ks: Any = None, agent: Any = None) -> dict[str, Any]:
+    """Evaluate ``model`` on ``rows`` as the config says (``None`` = the recipe's eval settings). An agent
+    run (``agent``, or the config's ``tools`` / ``environment``) is evaluated with multi-turn rollouts."""
     import torch
 
     from grouprl.rollout import make_backend
     from grouprl.train.model import autocast_factory
 
     temperature, num_samples, ks = decoding_plan(cfg, temperature, num_samples, ks)
+    if agent is None:
+        agent = build_agent(cfg)
     if backend is None:
         backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
     device = next(model.parameters()).device
@@ -95,7 +119,7 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
         return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
                         max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
-                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks)
+                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks, agent=agent, model=model)
 
 
 def decoding_plan(cfg: Any, temperature: float | None, num_samples: int | None,

@@ -31,6 +31,8 @@ from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import reporting
+from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
 from grouprl.train.model import (
@@ -41,25 +43,31 @@ from grouprl.train.model import (
     save_final,
     upcast_trainable,
 )
+from grouprl.train.resume_config import config_record
+from grouprl.train.reward_signal import RewardWatch
 from grouprl.train.round import (  # Round: older checkpoints pickled loop.Round
     Round,
     RunContext,
     generate_round,
 )
 from grouprl.train.score import RewardScorer
+from grouprl.train.signals import GracefulStop
 from grouprl.train.step import LossSpec, SkipGuard, optimizer_step
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
 
 
 def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
-          eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
-    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict."""
+          eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
+    """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
+    (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
     if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.ppo
         from grouprl.train.ppo import train_ppo
 
-        return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume)
+        return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
+                         agent=agent)
     load_builtins()
+    agent = agent if agent is not None else build_agent(cfg)
     device = next(model.parameters()).device
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
@@ -81,6 +89,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     if resume_path is not None:  # weights, optimizer, schedule, RNG, data position, unfinished round
         saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
         stream.load_state(saved["data"])
+        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
+        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
@@ -88,8 +98,20 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                            resume_step=step)
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
-                     train_rows, step, total_steps, sampling)
+                     train_rows, step, total_steps, sampling, agent)
     run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
+    watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
+
+    def save(step: int) -> Any:
+        state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
+                 "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
+                 "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
+        path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
+                                    total_limit=cfg.save_total_limit)
+        reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
+        return path
+
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     try:
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
@@ -100,6 +122,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                 backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
                 ctx.step = step
                 rnd, round_step = generate_round(ctx, stream, timers), 0
+                watch.check(rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop
             k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round
             update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
             step, round_step = step + 1, round_step + 1
@@ -108,15 +131,14 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             report_step(cfg, logger, step, total_steps, metrics, rnd.samples, history)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
-            if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps):
-                state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
-                         "round_step": round_step, "history": history, "evals": evals,
-                         "skipped_steps": guard.total}
-                ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
-                                     total_limit=cfg.save_total_limit)
+            saved_now = save(step) if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps) else None
+            if stop.requested:
+                raise stop.interrupted(step, saved_now or save(step))
             timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
+        stop.restore()  # the caller's handlers again (also in `finally`, if the loop raised)
         run_eval("after", step)
     finally:
+        stop.restore()
         logger.close()
     return {"global_step": step, "total_steps": total_steps, "history": history, "evals": evals,
             "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
@@ -162,8 +184,10 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
         return
     rows = [eval_rows[i] for i in range(len(eval_rows))]
     ctx.backend.sync_weights(ctx.model)  # an engine with its own weight copy evaluates the current policy
-    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend)
+    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend,
+                            agent=ctx.agent)
     samples = result.pop("samples")
     evals[tag] = {k: v for k, v in result.items()} | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
     logger.log_samples(step, [{"eval": tag, **s} for s in samples])
+    reporting.refresh(ctx.cfg.output_dir, ctx.cfg.review_window)

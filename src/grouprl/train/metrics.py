@@ -19,6 +19,10 @@ What the logged numbers mean (one record per optimizer step):
   was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
 - ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
   (DAPO, arXiv:2503.14476, Sec. 3.2).
+- agent runs (tools or an environment, docs/AGENTS.md): ``tools/calls_per_traj``, ``tools/failure_frac``
+  (failed / all calls), ``turns/mean``, ``end_reason/<reason>`` fractions, ``tokens/model`` / ``tokens/tool``
+  per rollout, ``rewards/env/mean`` (the environment's ``get_reward``); ``completions/*_length`` count model
+  tokens only.
 - ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
   ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
 """
@@ -242,7 +246,8 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
     m.update({"advantage/mean": float(adv.mean()), "advantage/std": float(adv.std(unbiased=False)),
               "advantage/min": float(adv.min()), "advantage/max": float(adv.max()),
               "advantage/frac_zero": float((adv == 0).float().mean())})
-    lengths = rollout.completion_mask.sum(dim=1).float()
+    # model tokens only: tool outputs in a multi-turn completion (loss_mask 0) are not the policy's length
+    lengths = (rollout.completion_mask if getattr(rollout, "loss_mask", None) is None else rollout.loss_mask).sum(dim=1).float()
     m.update({"completions/mean_length": float(lengths.mean()), "completions/min_length": float(lengths.min()),
               "completions/max_length": float(lengths.max()),
               "completions/truncated_frac": float(rollout.truncated.float().mean())})
@@ -250,15 +255,25 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
 
 
 def round_samples(names: list[str], rollout: Any, rewards: Any, components: list[list[float]], adv: Any,
-                  n: int) -> list[dict]:
-    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion)."""
+                  n: int, tokenizer: Any = None) -> list[dict]:
+    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion).
+
+    Agent runs (``rollout.trajectories``) add the whole trajectory: ``messages``, ``tool_calls`` (with their
+    results and errors), ``num_turns``, ``end_reason``, ``env_reward``, ``env_state``, ``completion_ids``,
+    ``tokens`` (the text of each completion token) and ``loss_mask`` (0 = tool output, not trained on)."""
+    from grouprl.train.agent import trajectory_record
+
     totals = rewards.reshape(-1)
+    trajs = getattr(rollout, "trajectories", None)
     out = []
     for i in range(min(n, len(rollout))):
         comps = {name: _none_if_nan(components[i][j]) for j, name in enumerate(names)}
-        out.append({"prompt": rollout.prompts[i], "completion": rollout.completions[i],
-                    "reward": _none_if_nan(float(totals[i])), "rewards": comps, "advantage": float(adv[i]),
-                    "truncated": bool(rollout.truncated[i])})
+        row = {"prompt": rollout.prompts[i], "completion": rollout.completions[i],
+               "reward": _none_if_nan(float(totals[i])), "rewards": comps, "advantage": float(adv[i]),
+               "truncated": bool(rollout.truncated[i])}
+        if trajs is not None:
+            row.update(trajectory_record(trajs[i], tokenizer))
+        out.append(row)
     return out
 
 

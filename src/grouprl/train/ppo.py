@@ -39,6 +39,8 @@ from grouprl.data.stream import PromptStream
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import reporting
+from grouprl.train.agent import build_agent
 from grouprl.train.critic import build_critic, critic_values
 from grouprl.train.loop import _evaluate, plan_steps, should_save
 from grouprl.train.metrics import MetricsLogger, Timers, report_step, round_metrics, round_samples
@@ -49,7 +51,10 @@ from grouprl.train.model import (
     enable_checkpointing,
     upcast_trainable,
 )
+from grouprl.train.resume_config import config_record
+from grouprl.train.reward_signal import RewardWatch
 from grouprl.train.round import Round, RoundBatch, RunContext, micro_batches, sample_and_score
+from grouprl.train.signals import GracefulStop
 from grouprl.train.step import LossSpec, MicroBatch, SkipGuard, batched_logps, optimizer_step
 
 __all__ = ["Critic", "PPORound", "ValueTargets", "critic_step", "ppo_round", "token_rewards", "train_ppo",
@@ -257,18 +262,22 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
 
 
 def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
-              eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
+              eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
     """Run PPO on ``model`` (loaded, on its device); the same summary dict as ``loop.train`` plus ``critic``."""
     load_builtins()
     ctx, spec, critic, optimizer, scheduler, plan = _setup(cfg, model, tokenizer, train_rows, reward_funcs)
+    ctx.agent = agent if agent is not None else build_agent(cfg)
     total_steps, steps_per_round, rounds_per_epoch = plan
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
     saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
-    if resume_path is not None:
+    if resume_path is not None:  # as loop.train, plus the critic
         saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
         stream.load_state(saved["data"])
         critic.load_state_dict(_critic_state(saved, resume_path))
+        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))
+        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)
+        ckpt.set_learning_rate(critic.optimizer, critic.scheduler, _CriticHP(cfg).learning_rate)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
@@ -276,6 +285,19 @@ def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: 
                            resume_step=step)
     ctx.step = step
     run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
+    watch = RewardWatch(ctx.scorer.names, cfg.max_rounds_without_reward)
+
+    def save(step: int) -> Any:
+        state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
+                 "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
+                 "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg),
+                 "critic": critic.state_dict()}
+        path = ckpt.save_checkpoint(cfg.output_dir, step, model, ctx.tokenizer, optimizer, scheduler, state,
+                                    total_limit=cfg.save_total_limit)
+        reporting.refresh(cfg.output_dir, cfg.review_window)
+        return path
+
+    stop = GracefulStop().install()
     try:
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
@@ -286,8 +308,8 @@ def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: 
                 ctx.backend.sync_weights(model)
                 ctx.step = step
                 rnd, round_step = ppo_round(ctx, stream, timers, critic), 0
-            k = round_step % steps_per_pass
-            part = slice(k * ga, (k + 1) * ga)
+                watch.check(rnd.metrics)
+            part = slice((round_step % steps_per_pass) * ga, (round_step % steps_per_pass + 1) * ga)
             update = optimizer_step(ctx, rnd.micro_batches[part], spec, optimizer, scheduler, timers)
             update.update(critic_step(cfg, critic, rnd.micro_batches[part], rnd.targets[part], ctx.autocast, timers))
             critic_time = {f"time/{p}": timers.totals.get(p, 0.0) for p in ("value_forward", "critic_update")}
@@ -297,15 +319,14 @@ def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: 
             report_step(cfg, logger, step, total_steps, metrics, rnd.samples, history)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}", step)
-            if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps):
-                state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
-                         "round_step": round_step, "history": history, "evals": evals,
-                         "skipped_steps": guard.total, "critic": critic.state_dict()}
-                ckpt.save_checkpoint(cfg.output_dir, step, model, ctx.tokenizer, optimizer, scheduler, state,
-                                     total_limit=cfg.save_total_limit)
+            saved_now = save(step) if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps) else None
+            if stop.requested:
+                raise stop.interrupted(step, saved_now or save(step))
             timers.restart()
+        stop.restore()
         run_eval("after", step)
     finally:
+        stop.restore()
         logger.close()
     critic_dir = Path(cfg.output_dir) / "critic"
     critic.model.save_pretrained(critic_dir)

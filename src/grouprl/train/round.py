@@ -22,6 +22,7 @@ from grouprl.config import GRPOConfig
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
+from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.metrics import Timers, round_metrics, round_samples
 from grouprl.train.model import Reference
@@ -45,6 +46,7 @@ class RunContext:
     step: int = 0
     total_steps: int = 0
     sampling: SamplingParams | None = None  # None: built from cfg
+    agent: Any = None  # grouprl.train.agent.Agent: multi-turn tool rollouts; None = single-turn
 
 
 @dataclass
@@ -65,6 +67,7 @@ class Scored:
     components: list[list[float]]  # [N][F], NaN = that function returned None
     prompts: list[Any]
     columns: dict[str, list]
+    trajectories: list | None = None  # agent runs: one Trajectory per row
 
 
 @dataclass
@@ -86,6 +89,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     cfg, G = ctx.cfg, ctx.cfg.num_generations
     rows = [ctx.rows[int(i)] for i in idx]
     params = ctx.sampling or sampling_params(cfg)
+    if ctx.agent is not None:
+        return _sample_and_score_agent(ctx, rows, params, timers)
     with timers("generate"):
         texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt) for r in rows]
         with ctx.autocast():
@@ -102,6 +107,26 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     return Scored(rollout, rewards, components, prompts, columns)
 
 
+def _sample_and_score_agent(ctx: RunContext, rows: list[dict], params: SamplingParams, timers: Timers) -> Scored:
+    """Multi-turn tool rollouts on the policy model (``grouprl.train.agent``); rewards see the trajectories
+    and the environment's own reward is added to the total."""
+    cfg, G = ctx.cfg, ctx.cfg.num_generations
+    with timers("generate"), ctx.autocast():
+        rollout = agent_rollout(ctx.agent, ctx.model, ctx.tokenizer, rows, G, params,
+                                prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt)
+    with timers("reward"):
+        expanded = [r for r in rows for _ in range(G)]
+        prompts = [r[cfg.prompt_column] for r in expanded]
+        completions, traj_columns = reward_inputs(rollout.trajectories, prompts)
+        columns = {**reward_columns(expanded, cfg.prompt_column), **traj_columns}
+        state = SimpleNamespace(global_step=ctx.step, max_steps=ctx.total_steps)
+        totals, components = ctx.scorer.score(prompts, completions, columns, trainer_state=state,
+                                               completion_ids=rollout.token_lists())
+        totals = add_env_rewards(totals, rollout.trajectories)
+    rewards = torch.tensor(totals, dtype=torch.float32).view(len(rows), G)
+    return Scored(rollout, rewards, components, prompts, columns, rollout.trajectories)
+
+
 def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None) -> torch.Tensor:
     """[B] bool: groups without learning signal, by ``grouprl.algo.zero_std_groups`` -- the very test
     ``grpo`` uses to zero a group -- with the ``eps`` / ``std`` the advantage estimator was given."""
@@ -116,11 +141,13 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     batch = assemble(ctx, parts, keep)
     metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout, batch.adv,
                             zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs))
+    if first.trajectories is not None:  # tools/*, turns/mean, end_reason/*, tokens/*, rewards/env/mean
+        metrics.update(agent_metrics(first.trajectories))
     metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
                     "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float().mean())})
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, batch.adv,
-                            ctx.cfg.num_completions_to_log)
+                            ctx.cfg.num_completions_to_log, ctx.tokenizer)
     return Round(mbs, metrics, samples)
 
 
@@ -167,7 +194,7 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     completion) and attach the reference / old log-probs the loss needs."""
     cfg, r = ctx.cfg, batch.rollout
     device = r.completion_ids.device
-    loss_mask = r.completion_mask
+    loss_mask = r.completion_mask if r.loss_mask is None else r.loss_mask  # 0 on tool tokens (agent runs)
     if cfg.mask_truncated_completions:  # DAPO overlong filtering: truncated answers carry no signal
         loss_mask = loss_mask * (~r.truncated).unsqueeze(1).long()
     if batch.rewards is not None:  # unknown reward (missing_reward='exclude'): no loss, no KL, not counted

@@ -26,11 +26,14 @@ class GRPOTrainer:
     config). ``processing_class``: the tokenizer (``None`` = loaded with the model). ``reward_funcs``: a
     callable with TRL's signature, a registry name, or a list of them (``None`` = ``config.reward_funcs``).
     ``peft_config``: a peft ``LoraConfig`` (or set ``config.use_peft``).
+    ``tools`` (functions) / ``environment_factory`` (a class): TRL's agent arguments; rollouts become
+    multi-turn tool calls (docs/AGENTS.md). They merge with / replace the config's ``tools`` / ``environment``.
     """
 
     def __init__(self, model: Any = None, config: GRPOConfig | None = None, train_dataset: Any = None,
                  processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
-                 eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None) -> None:
+                 eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None,
+                 tools: list | None = None, environment_factory: Any = None) -> None:
         if config is not None and args is not None and config is not args:
             raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
         self.config = cfg = config or args or GRPOConfig()
@@ -58,13 +61,21 @@ class GRPOTrainer:
         from grouprl.train.score import resolve_reward_funcs
 
         self.device = pick_device(cfg.device)
+        self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                                  cfg.reward_kwargs)
         if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
                               f"reward functions were given: one weight per function.")
+        from grouprl.train.agent import build_agent
+
+        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
+        from grouprl.train.reward_signal import warn_missing_reward_columns
+
+        warn_missing_reward_columns(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
+                                    self.train_dataset)  # no `answer` for accuracy: said before the model loads
         self.eval_reward_func = eval_reward_func
         if self.eval_dataset is not None and eval_reward_func is None:
             self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
@@ -72,6 +83,8 @@ class GRPOTrainer:
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
+        if self.agent is not None:
+            self.agent.check_template(self.tokenizer)  # not prefix-preserving: say so now, with the fix
         import transformers
 
         transformers.set_seed(cfg.seed)
@@ -101,22 +114,25 @@ class GRPOTrainer:
 
         A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
         earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
-        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``)."""
+        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``).
+        The run holds ``<output_dir>/.lock`` throughout (``grouprl.train.lock``); SIGINT / SIGTERM save a
+        checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
+        of ``grouprl.train.resume_config.SAFE``."""
+        from grouprl.train import reporting
+        from grouprl.train.checkpoint import save_final_atomic
+        from grouprl.train.lock import run_lock
         from grouprl.train.loop import train
-        from grouprl.train.model import save_final
-        from grouprl.train.output_dir import prepare_output_dir
+        from grouprl.train.output_dir import start_run
 
         cfg = self.config
-        removed = prepare_output_dir(cfg, resume_from_checkpoint)  # refuses to mix with an earlier run
-        if removed:
-            print(f"grouprl: removed {len(removed)} item(s) of an earlier run from {cfg.output_dir} "
-                  f"({', '.join(sorted({p.name for p in removed})[:6])}{', ...' if len(removed) > 6 else ''})")
-        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(Path(cfg.output_dir) / "config.yaml")
-        self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
-                            self.reward_funcs, self.eval_reward_func, resume=resume_from_checkpoint)
-        final = save_final(self.model, self.tokenizer, Path(cfg.output_dir) / "final")
+        with run_lock(cfg.output_dir):  # one run per output_dir (a second one refuses, naming this one)
+            resume = start_run(cfg, resume_from_checkpoint)  # resume or fresh; config checks; config.yaml
+            reporting.write_meta(cfg, self._reward_specs)  # which rewards, in which version (run_meta.json)
+            self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
+                                self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
+            final = save_final_atomic(self.model, self.tokenizer, cfg.output_dir, self.result["global_step"])
         self.result["final_model"] = str(final)
+        self.result["report"] = str(reporting.refresh(cfg.output_dir, cfg.review_window) or "")
         print_summary(self.result, cfg)
         return self.result
 
@@ -134,7 +150,8 @@ class GRPOTrainer:
         if self.eval_dataset is None:
             raise ConfigError("no eval split: set eval_split and dataset, or pass eval_dataset=.")
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
-        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, **overrides)
+        return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, agent=self.agent,
+                              **overrides)
 
 
 def _tokenizer_for(source: Any, processing_class: Any):
@@ -175,6 +192,8 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"checkpoint:   {result['last_checkpoint']}")
     lines.append(f"metrics:      {result['metrics_path']}")
     lines.append(f"samples:      {result['samples_path']}")
+    if result.get("report"):
+        lines.append(f"report:       {result['report']}  (open it in a browser)")
     if result.get("tensorboard_dir"):
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
