@@ -23,6 +23,8 @@ each also as a multiple of the policy's parameter bytes.
 
     python benchmarks/compare_algorithms.py                     # 30 updates, seeds 0 1
     python benchmarks/compare_algorithms.py --steps 20 --seeds 0 1 --algorithms grpo ppo
+    python benchmarks/compare_algorithms.py --steps 20 --reuse benchmarks/results/compare_algorithms.json
+                                                                # rerun only what failed or is missing
 
 Writes ``benchmarks/results/compare_algorithms.{json,md,png}`` (``--out``). The PNG needs matplotlib
 (``pip install -e ".[bench]"``); without it the JSON and markdown are still written.
@@ -110,13 +112,15 @@ def child(algorithm: str, seed: int, steps: int, out_dir: str) -> dict:
         entry["grads"], entry["optimizer"] = rec["grads"], rec["states"]
     if frozen:
         models["reference"] = {"params": sum(_nbytes(m.parameters()) for m in frozen), "grads": 0, "optimizer": 0}
-    step_times = [json.loads(line).get("time/step") for line in open(result["metrics_path"])]
-    step_times = [t for t in step_times if isinstance(t, (int, float))]
+    records = [json.loads(line) for line in open(result["metrics_path"])]
+    step_times = [r["time/step"] for r in records if isinstance(r.get("time/step"), (int, float))]
+    clip = [r["policy/clip_frac"] for r in records if isinstance(r.get("policy/clip_frac"), (int, float))]
     evals = result["evals"]
     return {"algorithm": algorithm, "seed": seed, "steps": result["global_step"],
             "before": evals.get("before", {}).get("accuracy"), "after": evals.get("after", {}).get("accuracy"),
             "eval_prompts": evals.get("after", {}).get("num_prompts"),
             "seconds_per_update": sum(step_times) / max(1, len(step_times)), "wall_seconds": round(wall, 1),
+            "clip_frac_mean": sum(clip) / max(1, len(clip)), "clip_frac_max": max(clip, default=0.0),
             "budget": budget(cfg, result["global_step"]), "models": models,
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_after_load": rss_loaded}
 
@@ -180,6 +184,7 @@ def summarize(runs: list[dict]) -> dict:
             "before": statistics.mean(r["before"] for r in ok), "after": statistics.mean(r["after"] for r in ok),
             "after_per_seed": [r["after"] for r in ok], "eval_prompts": ok[0]["eval_prompts"],
             "seconds_per_update": statistics.mean(r["seconds_per_update"] for r in ok), "budget": ok[0]["budget"],
+            "clip_frac_mean": statistics.mean(r.get("clip_frac_mean", float("nan")) for r in ok),
             "models": models, "policy_param_bytes": p, "weights_x": round(sum(m["params"] for m in models.values()) / p, 2),
             "train_state_x": round(state / p, 2),
             "peak_rss": max(r["peak_rss"] for r in ok), "peak_rss_x": round(max(r["peak_rss"] for r in ok) / p, 1),
@@ -191,12 +196,13 @@ def summarize(runs: list[dict]) -> dict:
 def markdown(summary: dict, notes: list[str]) -> str:
     mib = lambda b: f"{b / 2**20:.2f}"  # noqa: E731
     lines = ["| algorithm | held-out acc. before → after | updates | sample budget | s / update | "
-             "weights (× policy params) | params + grads + Adam states, per model (× policy params) | "
+             "policy clip frac. (mean) | weights (× policy params) | "
+             "params + grads + Adam states, per model (× policy params) | "
              "all training state (×) | peak RSS MiB (×) | RSS rise after load MiB (×) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for alg, s in summary.items():
         if "error" in s:
-            lines.append(f"| {alg} | failed: {s['error']} | | | | | | | | |")
+            lines.append(f"| {alg} | failed: {s['error']} | | | | | | | | | |")
             continue
         b = s["budget"]
         budget_text = (f"{b['total']} pairs" if b["kind"] == "preference pairs" else
@@ -206,7 +212,8 @@ def markdown(summary: dict, notes: list[str]) -> str:
         p = s["policy_param_bytes"]
         seeds = ", ".join(f"{100 * a:.1f}" for a in s["after_per_seed"])
         lines.append(f"| {alg} | {100 * s['before']:.1f}% → **{100 * s['after']:.1f}%** (seeds: {seeds}) | "
-                     f"{s['steps']} | {budget_text} | {s['seconds_per_update']:.2f} | {s['weights_x']}× | {per_model} | "
+                     f"{s['steps']} | {budget_text} | {s['seconds_per_update']:.2f} | {s['clip_frac_mean']:.4f} | "
+                     f"{s['weights_x']}× | {per_model} | "
                      f"{s['train_state_x']}× | {mib(s['peak_rss'])} ({s['peak_rss_x']}×) | "
                      f"{mib(s['rss_rise_x'] * p)} ({s['rss_rise_x']}×) |")
     return "\n".join(lines + [""] + [f"- {n}" for n in notes]) + "\n"
@@ -226,6 +233,7 @@ def plot(summary: dict, path: Path) -> str | None:
     ax1.bar([i - 0.2 for i in x], [100 * summary[a]["before"] for a in algs], 0.4, label="before")
     ax1.bar([i + 0.2 for i in x], [100 * summary[a]["after"] for a in algs], 0.4, label="after")
     ax1.set_ylabel("held-out accuracy (%)")
+    ax1.set_ylim(0, 100)
     ax2.bar(x, [summary[a]["seconds_per_update"] for a in algs])
     ax2.set_ylabel("seconds per policy update (CPU)")
     bottom = [0.0] * len(algs)
@@ -239,7 +247,7 @@ def plot(summary: dict, path: Path) -> str | None:
     for ax in (ax1, ax2, ax3):
         ax.set_xticks(list(x), algs)
         ax.grid(alpha=0.3, axis="y")
-    ax1.legend()
+    ax1.legend(loc="upper left")
     ax3.legend(fontsize=7)
     fig.suptitle("builtin:arithmetic, same warm start, same number of policy updates")
     fig.tight_layout()
@@ -254,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_algorithms.json"))
+    ap.add_argument("--reuse", help="an earlier JSON of this script: its successful runs with the same "
+                    "algorithm, seed and --steps are kept, only the others are run")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
@@ -269,8 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     if "dpo" in algorithms and (why := dpo_available()):
         notes.append(f"dpo skipped: {why}.")
         algorithms.remove("dpo")
+    earlier = {(r["algorithm"], r["seed"]): r for r in json.loads(Path(args.reuse).read_text())["runs"]
+               if "error" not in r and r["steps"] == args.steps} if args.reuse else {}
     for alg in algorithms:
         for seed in args.seeds:
+            if (alg, seed) in earlier:
+                print(f"reusing {alg} seed {seed} from {args.reuse}", file=sys.stderr, flush=True)
+                runs.append(earlier[(alg, seed)])
+                continue
             print(f"running {alg} seed {seed} ({args.steps} updates) ...", file=sys.stderr, flush=True)
             runs.append(run_child(alg, seed, args.steps, args.timeout))
     summary = summarize(runs)

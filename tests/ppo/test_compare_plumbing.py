@@ -30,7 +30,7 @@ def test_sample_budget_of_on_and_off_policy_runs():
 
 def _run(alg, seed, after, models):
     return {"algorithm": alg, "seed": seed, "steps": 2, "before": 0.1, "after": after, "eval_prompts": 200,
-            "seconds_per_update": 2.0 + seed, "budget": {"kind": "completions", "total": 256, "prompts": 32,
+            "seconds_per_update": 2.0 + seed, "clip_frac_mean": 0.0, "budget": {"kind": "completions", "total": 256, "prompts": 32,
                                                          "num_generations": 8}, "models": models,
             "peak_rss": 800, "rss_after_load": 600}
 
