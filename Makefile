@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml constraints.txt
 sandbox-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "grouprl: installing bubblewrap with apt-get (root, bwrap missing; for the strict code sandbox)"; \
 	    (apt-get install -y -q bubblewrap >/dev/null 2>&1 || \
 	     (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1)) || \
 	    echo "note: could not install bubblewrap; strict sandbox isolation is unavailable (see grouprl sandbox check)"; \

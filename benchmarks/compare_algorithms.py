@@ -15,10 +15,10 @@ warm-start model (builtin:arithmetic, cached) on the same task, with each algori
 Reported per algorithm (mean over ``--seeds``): held-out accuracy before / after (greedy, the recipe's 200
 held-out prompts), training seconds per update (the trainer's ``time/step``, evaluation excluded), the
 sample budget (completions generated, or preference pairs read), and memory. Memory is measured, not
-computed: bytes of parameters of each model the run holds (policy, reference = the frozen copy
-``train.model.Reference`` makes, critic = the parameters of any other optimizer), bytes of gradients (summed
+computed: bytes of parameters of each model the run holds (policy = the first optimizer to step, reference = the
+frozen copy ``train.model.Reference`` makes, critic = the parameters of a second optimizer), bytes of gradients (summed
 over ``p.grad`` just before each optimizer step) and of optimizer states (summed over ``optimizer.state``
-just after), and the process's peak RSS (``ru_maxrss``) and its rise over the RSS after the model loaded,
+just after), and the process's peak RSS (``ru_maxrss``) and its rise over the RSS after the imports,
 each also as a multiple of the policy's parameter bytes.
 
     python benchmarks/compare_algorithms.py                     # 30 updates, seeds 0 1
@@ -98,18 +98,19 @@ def child(algorithm: str, seed: int, steps: int, out_dir: str) -> dict:
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)
-    trainer = GRPOTrainer(config=cfg)
-    rss_loaded = _rss_now()
+    rss_base = _rss_now()  # after the imports, before any model loads
     t0 = time.perf_counter()
-    result = trainer.train()
+    if algorithm == "dpo":  # offline pairs: its own loop, as `grouprl train` runs it
+        from grouprl.train.dpo_run import run_dpo
+
+        result = run_dpo(cfg)
+    else:
+        result = GRPOTrainer(config=cfg).train()
     wall = time.perf_counter() - t0
-    policy_ids = {id(p) for p in trainer.model.parameters()}
-    models = {"policy": {"params": _nbytes(trainer.model.parameters()), "grads": 0, "optimizer": 0}}
-    for rec in seen.values():
-        is_policy = any(id(p) in policy_ids for p in rec["params"])
-        name = "policy" if is_policy else "critic"
-        entry = models.setdefault(name, {"params": _nbytes(rec["params"]), "grads": 0, "optimizer": 0})
-        entry["grads"], entry["optimizer"] = rec["grads"], rec["states"]
+    models = {}
+    for i, rec in enumerate(seen.values()):  # the policy's optimizer steps first (PPO: then the critic's)
+        models["policy" if i == 0 else "critic"] = {"params": _nbytes(rec["params"]), "grads": rec["grads"],
+                                                    "optimizer": rec["states"]}
     if frozen:
         models["reference"] = {"params": sum(_nbytes(m.parameters()) for m in frozen), "grads": 0, "optimizer": 0}
     records = [json.loads(line) for line in open(result["metrics_path"])]
@@ -121,15 +122,18 @@ def child(algorithm: str, seed: int, steps: int, out_dir: str) -> dict:
             "eval_prompts": evals.get("after", {}).get("num_prompts"),
             "seconds_per_update": sum(step_times) / max(1, len(step_times)), "wall_seconds": round(wall, 1),
             "clip_frac_mean": sum(clip) / max(1, len(clip)), "clip_frac_max": max(clip, default=0.0),
-            "budget": budget(cfg, result["global_step"]), "models": models,
-            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_after_load": rss_loaded}
+            "budget": budget(cfg, result["global_step"], result.get("prefs")), "models": models,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "rss_base": rss_base,
+            "prefs": result.get("prefs")}
 
 
-def budget(cfg, steps: int) -> dict:
-    """What the run consumed: completions generated (online) or preference pairs read (offline)."""
+def budget(cfg, steps: int, prefs: dict | None = None) -> dict:
+    """What the run consumed: completions generated (online), or preference pairs read (offline) and the
+    samples drawn once, before training, to build them (``prefs``: builtin:arithmetic_prefs' record)."""
     if cfg.algorithm == "dpo":
         per_update = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-        return {"kind": "preference pairs", "per_update": per_update, "total": per_update * steps}
+        return {"kind": "preference pairs", "per_update": per_update, "total": per_update * steps,
+                "offline_samples": (prefs or {}).get("samples_drawn"), "pairs_built": (prefs or {}).get("num_pairs")}
     per_round = cfg.num_iterations * cfg.effective_steps_per_generation // cfg.gradient_accumulation_steps
     rounds = -(-steps // per_round)
     return {"kind": "completions", "per_update": cfg.generation_batch_size / per_round,
@@ -188,7 +192,7 @@ def summarize(runs: list[dict]) -> dict:
             "models": models, "policy_param_bytes": p, "weights_x": round(sum(m["params"] for m in models.values()) / p, 2),
             "train_state_x": round(state / p, 2),
             "peak_rss": max(r["peak_rss"] for r in ok), "peak_rss_x": round(max(r["peak_rss"] for r in ok) / p, 1),
-            "rss_rise_x": round(max(r["peak_rss"] - r["rss_after_load"] for r in ok) / p, 1),
+            "rss_rise_x": round(max(r["peak_rss"] - r.get("rss_base", r.get("rss_after_load", 0)) for r in ok) / p, 1),
         }
     return out
 
@@ -198,14 +202,15 @@ def markdown(summary: dict, notes: list[str]) -> str:
     lines = ["| algorithm | held-out acc. before → after | updates | sample budget | s / update | "
              "policy clip frac. (mean) | weights (× policy params) | "
              "params + grads + Adam states, per model (× policy params) | "
-             "all training state (×) | peak RSS MiB (×) | RSS rise after load MiB (×) |",
+             "all training state (×) | peak RSS MiB (×) | RSS rise over imports MiB (×) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for alg, s in summary.items():
         if "error" in s:
             lines.append(f"| {alg} | failed: {s['error']} | | | | | | | | | |")
             continue
         b = s["budget"]
-        budget_text = (f"{b['total']} pairs" if b["kind"] == "preference pairs" else
+        budget_text = (f"{b['total']} pairs (of {b.get('pairs_built')} built from {b.get('offline_samples')} "
+                       f"samples drawn once before training)" if b["kind"] == "preference pairs" else
                        f"{b['total']} completions ({b['prompts']} prompts × G={b['num_generations']})")
         per_model = "; ".join(f"{n} {mib(m['params'])}+{mib(m['grads'])}+{mib(m['optimizer'])} MiB "
                               f"({m['x_policy_params']}×)" for n, m in s["models"].items())

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
+import psutil
 import pytest
 
 # Keep each test worker to one thread: the suite runs in parallel on 2 cores.
@@ -30,3 +32,41 @@ def tiny_llama_dir(tmp_path_factory):
     from grouprl.builtin.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"), arch="llama")
+
+
+# ---- leftover processes: a test that starts sandboxed jobs or tool processes must not leave any behind ----
+def _children() -> set[tuple[int, float]]:
+    """(pid, start time) of every descendant of this process (the pair survives pid reuse)."""
+    out = set()
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.add((child.pid, child.create_time()))
+    return out
+
+
+def sandbox_pids(uids: set[int], existing: set[tuple[int, float]] = frozenset()) -> list[int]:
+    """Processes of this test's sandboxes: under one of ``uids``, or descendants of this process that
+    were not already running in ``existing`` (long-lived helpers such as the math reward's worker)."""
+    out = sorted(pid for pid, started in _children() - set(existing))
+    for p in psutil.process_iter(["uids"]):
+        ids = p.info["uids"]
+        if ids is not None and {ids.real, ids.effective} & uids:
+            out.append(p.pid)
+    return out
+
+
+@pytest.fixture
+def leftover_scan():
+    """The scan ``no_leftovers`` uses, as ``(snapshot_of_children, sandbox_pids)``, for testing the check."""
+    return _children, sandbox_pids
+
+
+@pytest.fixture
+def no_leftovers():
+    """Fails the test if a process of its sandboxes outlives the job (scans the whole process table)."""
+    from grouprl.sandbox.runner import LEASED_UIDS
+
+    before, existing = len(LEASED_UIDS), _children()
+    yield
+    left = sandbox_pids(set(list(LEASED_UIDS)[before:]), existing)
+    assert left == [], f"processes left behind: {left}"

@@ -18,7 +18,7 @@ def test_list_prints_every_registry_entry_with_its_description(wide, capsys):
     out = capsys.readouterr().out
     sections = {block.splitlines()[0].split()[0]: block.splitlines() for block in out.split("\n\n") if block.strip()}
     registries = load_builtins()
-    assert list(sections) == list(registries)
+    assert list(sections) == [*registries, "tasks", "models"]
     for key, reg in registries.items():
         lines = sections[key]
         assert reg.signature in lines[0] and len(reg) > 0, key
@@ -37,3 +37,18 @@ def test_list_one_registry_and_unknown_registry(wide, capsys):
     assert "rewards" in out and "policy_losses" not in out and "composite" in out
     assert main(["list", "reward"]) == 2
     assert "Did you mean 'rewards'" in capsys.readouterr().err
+
+
+def test_list_shows_the_built_in_tasks_and_models(wide, capsys):
+    from grouprl.data.tasks import TASKS
+
+    assert main(["list", "tasks"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("│")[0].strip(): line.split("│")[1].strip() for line in out.splitlines() if "│" in line}
+    assert sorted(rows) == sorted(TASKS) == ["arithmetic", "countdown"]
+    assert rows["countdown"].endswith("trains on countdown (dataset: builtin:countdown).")
+    assert main(["list", "models"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("│")[0].strip(): line.split("│")[1].strip() for line in out.splitlines() if "│" in line}
+    assert {"arithmetic", "countdown"} <= set(rows) and "(model: builtin:arithmetic)." in rows["arithmetic"]
+    assert "environments" not in out and "tasks" not in out

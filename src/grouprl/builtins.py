@@ -10,7 +10,7 @@ import importlib
 
 from grouprl.registry import ALL_REGISTRIES, Registry
 
-BUILTIN_MODULES = ("grouprl.algo", "grouprl.rewards", "grouprl.envs")
+BUILTIN_MODULES = ("grouprl.algo", "grouprl.rewards", "grouprl.envs", "grouprl.scorers")
 
 
 def load_builtins() -> dict[str, Registry]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import re
 import sys
 
 from grouprl import __version__
 from grouprl.errors import GroupRLError
 
-COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain"]
+COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain", "serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,9 +31,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
+"""A ``key=value`` override (dotted keys nest); never an option or its value."""
+TAKES_OVERRIDES = ("train", "eval")
+
+
+def gather_overrides(argv: list[str]) -> list[str]:
+    """Move every ``key=value`` token of ``train`` / ``eval`` behind a ``--``, so overrides may stand anywhere
+    (before ``-c`` too) and ``--resume`` never takes one as its checkpoint: ``--resume max_steps=8`` resumes
+    from the latest checkpoint with max_steps=8. Tokens after an existing ``--`` are left as they are."""
+    if not argv or argv[0] not in TAKES_OVERRIDES:
+        return argv
+    end = argv.index("--") if "--" in argv else len(argv)
+    head, tail = argv[:end], argv[end + 1:]
+    overrides = [t for t in head if OVERRIDE.match(t)]
+    if not overrides and "--" not in argv:
+        return argv
+    return [t for t in head if not OVERRIDE.match(t)] + ["--"] + overrides + tail
+
+
 def main(argv: list[str] | None = None) -> int:
+    if os.getcwd() not in sys.path:  # plug-ins ('my_rewards:fn') in the current folder, as `python -m` finds them;
+        sys.path.append(os.getcwd())  # appended, so a local file never shadows an installed package
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(gather_overrides(list(sys.argv[1:] if argv is None else argv)))
     if not getattr(args, "func", None):
         parser.print_help()
         return 1

@@ -32,7 +32,7 @@ def _run(alg, seed, after, models):
     return {"algorithm": alg, "seed": seed, "steps": 2, "before": 0.1, "after": after, "eval_prompts": 200,
             "seconds_per_update": 2.0 + seed, "clip_frac_mean": 0.0, "budget": {"kind": "completions", "total": 256, "prompts": 32,
                                                          "num_generations": 8}, "models": models,
-            "peak_rss": 800, "rss_after_load": 600}
+            "peak_rss": 800, "rss_base": 600}
 
 
 def test_summary_means_over_seeds_and_multiples_of_the_policy_parameters():

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grouprl.errors import RewardError, UnknownNameError
+from grouprl.errors import ConfigError, RewardError, UnknownNameError
 from grouprl.registry import REWARDS
 from grouprl.rewards import completion_text, compute_score, make_reward_func
 
@@ -250,6 +250,9 @@ def test_batch_reward_returning_wrong_length_is_a_clear_error():
         make_reward_func(per_sample)(["a", "b"])
 
 
+NEEDS_SETUP = {"judge": "base_url", "reward_model": "path"}
+
+
 @pytest.mark.parametrize("name", sorted(REWARDS.names()))
 def test_every_registered_reward_takes_trls_call_unchanged(name):
     """Each registry entry, lifted by make_reward_func, accepts TRL's exact call with chat completions
@@ -265,8 +268,13 @@ def test_every_registered_reward_takes_trls_call_unchanged(name):
     ]
     prompts = [[{"role": "user", "content": "q"}]] * 2
     f = make_reward_func(name)
+    if name in NEEDS_SETUP:  # without its endpoint / model the first call is a ConfigError (tests/judge)
+        with pytest.raises(ConfigError, match=NEEDS_SETUP[name]):
+            f(prompts=prompts, completions=completions, **_trl_kwargs(2))
+        return
+    extra = {"tool_calls": [[], []]} if name == "retrieval" else {}  # an agent trainer's trajectory column
     out = f(prompts=prompts, completions=completions,
-            **_trl_kwargs(2, answer=["78.54", "78.54"], tests=[["assert f() == 1"]] * 2))
+            **_trl_kwargs(2, answer=["78.54", "78.54"], tests=[["assert f() == 1"]] * 2, **extra))
     assert f.__name__ == name and len(out) == 2
     assert all(v is None or (isinstance(v, float) and 0.0 <= v <= 1.0) for v in out), out
     if name in ("math", "accuracy", "robust"):

@@ -130,6 +130,8 @@ def test_every_registered_reward_honours_the_registry_contract():
         assert REWARDS.describe(name), name
         if name == "code":  # runs the sandbox: covered by the sandbox tests
             continue
+        if name in ("judge", "reward_model", "retrieval"):  # batch rewards needing an endpoint, a model or the
+            continue  # trajectory's tool calls: tests/judge covers them
         for completion in samples:
             for answer in (None, "2", "f(x=1)"):
                 _check(fn(completion, answer=answer, unknown_column=[1, 2]))

@@ -102,7 +102,9 @@ def test_pathological_completion_is_scored_fast(kind, reward):
     math_reward("warm up the worker " + "x" * (_limit.INPROCESS_CHARS + 1), answer="3")
     start = time.perf_counter()
     score = REWARDS[reward](PATHOLOGICAL[kind])
-    assert time.perf_counter() - start < 2.0
+    # bounded by the reward's time limit (the worker is killed after it), not minutes; the typical time of
+    # each case (well under 1 s) is measured by benchmarks/rewards_throughput.py, not asserted here
+    assert time.perf_counter() - start < _limit.DEFAULT_TIME_LIMIT + 5.0
     if reward in ("accuracy", "math", "exact"):
         assert score == 0.0
 

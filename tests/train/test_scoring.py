@@ -151,3 +151,23 @@ def test_trl_style_reward_gets_completion_ids_trainer_state_and_columns():
     assert seen["ids"] == expected and all(type(t) is int for ids in seen["ids"] for t in ids)
     assert seen["step"] == 3 and sorted(set(seen["answer"])) == ["a0", "a1"] and len(seen["prompts"]) == 8
     assert rnd.metrics["rewards/trl_reward/mean"] == 2.5 and rnd.metrics["rewards/per_sample/mean"] == 0.25
+
+
+def test_a_reward_can_log_its_own_metric_with_log_metric():
+    """TRL's ``log_metric(name, value)`` keyword: what a reward logs lands in the scorer's last_metrics."""
+    from grouprl.train.score import RewardScorer
+
+    def judged(completions, log_metric=None, **kw):
+        log_metric("judge/agreement", 0.75)
+        return [1.0] * len(completions)
+
+    scorer = RewardScorer([judged])
+    scorer.score(["p", "q"], ["a", "b"], {})
+    assert scorer.last_metrics == {"judge/agreement": 0.75}
+
+    def silent(completions, **kw):
+        return [0.0] * len(completions)
+
+    scorer = RewardScorer([silent])
+    scorer.score(["p"], ["a"], {})
+    assert scorer.last_metrics == {}

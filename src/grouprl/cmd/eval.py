@@ -30,8 +30,10 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.sandbox.config import configure_for_run
 
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
+    check_limit(args.limit)
     configure_for_run(cfg)
     temperature, n, ks = decoding_plan(cfg, args.temperature, args.num_samples, args.k)
+    check_ks(ks, n)
     if temperature == 0 and args.num_samples is None and cfg.eval_num_samples > 1:
         print(f"note: greedy decoding (--temperature 0): 1 sample per prompt instead of the recipe's "
               f"eval_num_samples={cfg.eval_num_samples}; pass@k is not computed for greedy decoding.",
@@ -51,6 +53,23 @@ def run(args: argparse.Namespace) -> int:
     if samples:
         print(f"example: {samples[0]['completion']!r} -> reward {samples[0]['reward']}")
     return 0
+
+
+def check_limit(limit: int | None) -> None:
+    from grouprl.errors import ConfigError
+
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit {limit} must be >= 1 (it caps the prompts evaluated; leave it out for all).")
+
+
+def check_ks(ks: tuple[int, ...], n: int) -> None:
+    """pass@k needs 1 <= k <= n samples per prompt."""
+    from grouprl.errors import ConfigError
+
+    bad = [k for k in ks if k < 1 or k > n]
+    if bad:
+        raise ConfigError(f"--k {' '.join(map(str, bad))}: pass@k needs 1 <= k <= the samples per prompt ({n}). "
+                          f"Fix: use k values in 1..{n}, or raise -n.")
 
 
 def decoding_plan(cfg, temperature: float | None, num_samples: int | None,
@@ -81,16 +100,16 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
 
     if cfg.dataset is None or cfg.eval_split is None:
         raise ConfigError("evaluation needs `dataset` and `eval_split` in the recipe.")
+    source = checkpoint or cfg.model
+    if source is None:
+        raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
+    check_model_source(source, "--checkpoint" if checkpoint else "model")
     rows_ds = load_dataset_any(cfg.dataset, cfg.eval_split, **cfg.dataset_kwargs)
     if rows_ds is None:
         raise ConfigError(f"dataset {cfg.dataset!r} has no split {cfg.eval_split!r}.")
     n_rows = min(len(rows_ds), limit or cfg.max_eval_samples or len(rows_ds))
     rows_ds = rows_ds.select(range(n_rows))
     check_rows(rows_ds, cfg.prompt_column)
-    source = checkpoint or cfg.model
-    if source is None:
-        raise ConfigError("no model: give --checkpoint DIR or set `model` in the recipe.")
-    check_model_source(source)
     apply_torch_threads(cfg)  # before the model loads
     device = pick_device(cfg.device)
     if checkpoint and (Path(checkpoint) / "adapter_config.json").is_file():

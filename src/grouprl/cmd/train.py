@@ -24,8 +24,9 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.sandbox.config import configure_for_run
 
     if args.help_config:
+        defaults = GRPOConfig.field_defaults()
         for name, doc in GRPOConfig.field_docs().items():
-            print(f"{name}:\n    {doc}")
+            print(f"{name} (default: {defaults[name]}):\n    {doc}")
         return 0
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
     cfg.check_names()
@@ -36,10 +37,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         check_free(cfg.output_dir)  # another run holds output_dir
-        preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes: all before loading
+        resume, _ = preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
         import yaml
 
+        from grouprl.train.startup import dry_run
+
+        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.dpo_run)
+            from grouprl.train.dpo_run import dry_run_dpo as dry_run
+        for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
+            print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        return 0
+    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run)
+        from grouprl.train.dpo_run import run_dpo
+
+        run_dpo(cfg, resume=args.resume)
         return 0
     from grouprl.train import GRPOTrainer
     from grouprl.train.signals import RunInterrupted

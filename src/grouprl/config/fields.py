@@ -10,6 +10,7 @@ validates it (:mod:`grouprl.config.validate`); which fields the user set is reme
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field, fields
@@ -75,8 +76,9 @@ class GRPOConfig:
     # ---- algorithm ----------------------------------------------------------------------------
     algorithm: str | None = None
     """Preset: grpo (arXiv:2402.03300), gspo (arXiv:2507.18071), dr_grpo (arXiv:2503.20783), dapo
-    (arXiv:2503.14476), rloo (arXiv:2402.14740) or ppo (arXiv:1707.06347: a critic and GAE instead of
-    groups; fields under "PPO (critic)"); ``None`` = grpo. A preset fills only the algorithm fields
+    (arXiv:2503.14476), rloo (arXiv:2402.14740), ppo (arXiv:1707.06347: a critic and GAE instead of groups;
+    the fields under "PPO (critic)") or dpo (offline preference pairs, arXiv:2305.18290: the ``dpo_*`` fields;
+    no sampler, rewards or policy loss); ``None`` = grpo. A preset fills only the algorithm fields
     the user left unset, and its clip range (epsilon, epsilon_high) applies only while its own policy_loss
     is used: choose another loss and that loss gets its own defaults. ``grouprl list`` shows each preset."""
     policy_loss: str | None = None
@@ -305,6 +307,18 @@ class GRPOConfig:
     """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
     (``step`` optional) that the run report shows next to the measured effect."""
 
+    # ---- DPO (``algorithm: dpo``; grouprl.train.dpo) -------------------------------------------
+    dpo_loss: str = "sigmoid"
+    """Preference loss of ``algorithm: dpo``: ``sigmoid`` = DPO, -log sigmoid(beta * h) on the summed
+    completion log-probs (Rafailov et al., arXiv:2305.18290, Eq. 7); ``ipo`` = (h - 1/(2 beta))^2 on the
+    per-token mean log-probs (Azar et al., arXiv:2310.12036, Eq. 17), h = log-ratio margin of chosen over
+    rejected against the reference (the starting model)."""
+    dpo_beta: float = 0.1
+    """beta of DPO / tau of IPO (> 0): the implicit reward is beta * log(pi / pi_ref); smaller = further from
+    the reference."""
+    dpo_label_smoothing: float = 0.0
+    """cDPO's eps in [0, 0.5): the fraction of pairs assumed mislabelled (``dpo_loss: sigmoid`` only)."""
+
     # ---- TRL aliases (resolved into the fields above) -------------------------------------------
     beta: float | None = None
     """Alias of kl_coef (TRL's name)."""
@@ -316,6 +330,19 @@ class GRPOConfig:
     """Stop with an error naming the reward functions if none of the first N generation rounds gave any
     sample a reward (every function returned None: e.g. no ``answer`` column for ``accuracy``, no ``tests``
     for ``code``). 0 disables the check."""
+
+    # ---- prompts and checks -----------------------------------------------------------------------
+    truncation: str = "left"
+    """A prompt longer than max_prompt_length tokens: ``left`` cuts it from the left (keeping the end, where
+    the question usually is) and warns once with the count of cut prompts; ``error`` stops at start-up naming
+    the first row that is too long."""
+    apply_chat_template: str = "auto"
+    """When the tokenizer's chat template renders a prompt. ``auto``: chat-message prompts (a list of
+    ``{role, content}``) always, plain-text prompts only when system_prompt is set (then they become a user
+    message after the system message); a plain-text prompt without system_prompt is fed as written, as
+    pretrained base models expect. ``always``: plain text too, as one user message (needs a tokenizer with a
+    chat template). ``never``: no template; the message contents (system_prompt first) are joined by new
+    lines. Without a chat template, ``auto`` joins the contents in the same way."""
 
 
     def __post_init__(self) -> None:
@@ -398,6 +425,17 @@ class GRPOConfig:
     def from_yaml(cls, path: str | Path | None, overrides: list[str] | None = None) -> GRPOConfig:
         """Load a YAML recipe (may be ``None``) and apply ``key=value`` overrides (dotted keys nest)."""
         return cls.from_dict(io.read_yaml(path, overrides))
+
+    @classmethod
+    def field_defaults(cls) -> dict[str, str]:
+        """field name -> its default as YAML writes it (``null``, ``true``, ``[accuracy]``, ``{}``)."""
+        import yaml
+
+        out = {}
+        for f in fields(cls):
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("\n...").strip()
+        return out
 
     @classmethod
     def field_docs(cls) -> dict[str, str]:

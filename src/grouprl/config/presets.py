@@ -46,6 +46,8 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "ppo": dict(policy_loss="grpo", epsilon=0.2, epsilon_high=0.2, advantage="grpo", loss_aggregation="token_mean",
                 **_COMMON),
 }
+OFFLINE_ALGORITHMS = ("dpo",)
+"""Algorithms with their own loop (grouprl.train.dpo) and fields (``dpo_*``): no preset to fill."""
 LOSS_OWNED = ("epsilon", "epsilon_high")
 """Preset fields that belong to the preset's policy loss (applied only while that loss is used)."""
 ADVANTAGE_OWNED = ("scale_rewards",)
@@ -83,11 +85,16 @@ def apply_preset(cfg: Any) -> None:
     """Fill the unset algorithm fields from importance_sampling_level and the ``algorithm`` preset."""
     if cfg.algorithm is None:
         cfg.algorithm = "grpo"
+    if cfg.algorithm in OFFLINE_ALGORITHMS:  # no sampler, policy loss or advantage: only "off" switches
+        for name, value in _COMMON.items():
+            if getattr(cfg, name) is None:
+                setattr(cfg, name, value)
+        return
     if cfg.algorithm not in ALGORITHM_PRESETS:
         raise ConfigError(
             f"algorithm={cfg.algorithm!r} is not a known preset.{did_you_mean(str(cfg.algorithm), ALGORITHM_PRESETS)} "
-            f"Known: {', '.join(ALGORITHM_PRESETS)}. Any combination can be built by setting policy_loss, "
-            f"advantage and loss_aggregation directly."
+            f"Known: {', '.join([*ALGORITHM_PRESETS, *OFFLINE_ALGORITHMS])}. Any combination can be built by "
+            f"setting policy_loss, advantage and loss_aggregation directly."
         )
     level = cfg.importance_sampling_level
     if level is not None:

@@ -21,6 +21,9 @@ CHOICES = {
     "device": ("auto", "cpu", "cuda", "mps"),
     "missing_reward": ("exclude", "zero"),
     "kl_mode": ("reward", "loss"),
+    "truncation": ("left", "error"),
+    "apply_chat_template": ("auto", "always", "never"),
+    "dpo_loss": ("sigmoid", "ipo"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 _KINDS = {  # annotation -> (accepts, what to write)
@@ -79,6 +82,8 @@ def check_batch(cfg: Any) -> None:
     _positive_ints(cfg, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                    "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size", "eval_num_samples",
                    "save_steps", "num_completions_to_log", "max_consecutive_skips", "review_window")
+    if cfg.algorithm == "dpo":  # offline: per_device_train_batch_size counts preference pairs, no groups
+        return check_dpo(cfg)
     G = cfg.num_generations
     if G < 2 and cfg.algorithm != "ppo":
         raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs at least "
@@ -106,6 +111,18 @@ def check_batch(cfg: Any) -> None:
                           f"num_train_epochs > 0 or max_steps > 0.")
 
 
+def check_dpo(cfg: Any) -> None:
+    """``algorithm: dpo``: its beta and label smoothing, and a length of training."""
+    _range(cfg, "dpo_beta", 0.0, None, open_low=True, fix="0.1 is usual")
+    _range(cfg, "dpo_label_smoothing", 0.0, 0.5, open_high=True)
+    if cfg.dpo_label_smoothing and cfg.dpo_loss != "sigmoid":
+        raise ConfigError(f"dpo_label_smoothing={cfg.dpo_label_smoothing} applies to dpo_loss 'sigmoid' only "
+                          f"(cDPO); dpo_loss={cfg.dpo_loss!r} has none. Fix: remove dpo_label_smoothing.")
+    if cfg.num_train_epochs <= 0 and cfg.max_steps <= 0:
+        raise ConfigError(f"num_train_epochs={cfg.num_train_epochs} and max_steps={cfg.max_steps}: set "
+                          f"num_train_epochs > 0 or max_steps > 0.")
+
+
 def check_ranges(cfg: Any) -> None:
     _range(cfg, "learning_rate", 0.0, None, open_low=True)
     _range(cfg, "warmup_ratio", 0.0, 1.0, open_high=True)
@@ -121,11 +138,41 @@ def check_ranges(cfg: Any) -> None:
     _range(cfg, "epsilon_high", 0.0, 10.0,
            fix="the upper clip bound is 1 + epsilon_high (0.2-0.28 usual, 4e-4 for gspo)")
     _range(cfg, "lora_dropout", 0.0, 1.0, open_high=True)
+    _range(cfg, "adam_beta1", 0.0, 1.0, open_high=True, fix="AdamW's betas lie in [0, 1); 0.9 is usual")
+    _range(cfg, "adam_beta2", 0.0, 1.0, open_high=True, fix="AdamW's betas lie in [0, 1); 0.99 or 0.999 is usual")
+    _range(cfg, "adam_epsilon", 0.0, None, open_low=True, fix="1e-8 is usual")
+    _range(cfg, "weight_decay", 0.0, None, fix="0 turns weight decay off; 0.01-0.1 is usual")
+    for name, meaning in (("warmup_steps", "0 = use warmup_ratio"), ("eval_steps", "0 = only before and after "
+                          "training"), ("max_resample_rounds", "0 = no extra rounds"),
+                          ("log_completions_steps", "0 = never")):
+        _non_negative_int(cfg, name, meaning)
+    for name, meaning in (("max_prompt_length", "null = no limit beyond the model's context"),
+                          ("save_total_limit", "null = keep every checkpoint"), ("lora_r", "LoRA's rank; 8-64 is usual")):
+        value = getattr(cfg, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name}={value!r} must be >= 1 ({meaning}).")
+    _range(cfg, "lora_alpha", 0.0, None, open_low=True, fix="2 x lora_r is usual")
+    check_lora_targets(cfg.lora_target_modules)
     if cfg.top_k < 0:
         raise ConfigError(f"top_k={cfg.top_k} must be >= 0 (0 = off).")
     if cfg.torch_num_threads is not None and cfg.torch_num_threads < 1:
         raise ConfigError(f"torch_num_threads={cfg.torch_num_threads!r} must be a whole number >= 1 "
                           f"(or null to leave torch's default).")
+
+
+def _non_negative_int(cfg: Any, name: str, meaning: str) -> None:
+    value = getattr(cfg, name)
+    if value < 0:
+        raise ConfigError(f"{name}={value!r} must be >= 0 ({meaning}).")
+
+
+def check_lora_targets(value: Any) -> None:
+    """``all-linear``, one module name, or a non-empty list of module names."""
+    ok = isinstance(value, str) and value.strip() or (
+        isinstance(value, (list, tuple)) and value and all(isinstance(v, str) and v.strip() for v in value))
+    if not ok:
+        raise ConfigError(f"lora_target_modules={value!r} must be 'all-linear', a module name or a non-empty list "
+                          f"of module names (e.g. [q_proj, v_proj]).")
 
 
 def check_consistency(cfg: Any) -> None:
@@ -197,7 +244,8 @@ def check_names(cfg: Any) -> None:
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"report_to={cfg.report_to!r} includes wandb, which is not installed. Fix: "
                               f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
-    resolved(cfg)
+    if cfg.algorithm != "dpo":  # dpo calls no registered policy loss or advantage
+        resolved(cfg)
 
 
 def check_reward_kwargs(cfg: Any, reward_funcs: Any = None) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grouprl.errors import DataError
+from grouprl.errors import DataError, did_you_mean
 
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+"""The roles a prompt's chat messages may have (those the common chat templates render)."""
 FILE_TYPES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
@@ -36,8 +38,11 @@ def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
         return datasets.Dataset.from_list(spec)
     text = str(spec)
     if text.startswith("builtin:"):
+        from grouprl.data.prefs import BUILTIN_PREFS, builtin_prefs_split
         from grouprl.data.tasks import load_task
 
+        if text.split(":", 1)[1] in BUILTIN_PREFS:  # preference pairs: held out = the task's prompts
+            return builtin_prefs_split(text.split(":", 1)[1], split, **kwargs)
         return load_task(text.split(":", 1)[1], split, **kwargs)
     path = Path(text)
     if path.is_file():
@@ -64,6 +69,8 @@ def _load_file(path: Path):
     if kind is None:
         raise DataError(f"dataset file {str(path)!r}: unsupported type {path.suffix!r}; use one of "
                         f"{', '.join(FILE_TYPES)}.")
+    if path.suffix.lower() == ".jsonl":  # one linear scan: a bad line is named, not reported by pyarrow later
+        check_data_file(str(path))
     try:
         if kind == "csv":  # cells stay text: an answer "007" or "1e3" must reach the reward unchanged
             import pandas as pd
@@ -78,14 +85,28 @@ def _load_file(path: Path):
         raise DataError(f"dataset file {str(path)!r} could not be read as {kind}: {e}") from e
 
 
+def check_data_file(spec: Any) -> None:
+    """A local .jsonl file whose lines are all UTF-8 JSON objects (checked by a cheap scan; the loader's own
+    error for a bad line names neither the line nor the cause)."""
+    path = Path(str(spec))
+    if isinstance(spec, str) and path.is_file() and path.suffix.lower() == ".jsonl":
+        where = _bad_jsonl_line(path)
+        if where:
+            raise DataError(f"dataset file {str(path)!r}: {where}. Each line must be one JSON object.")
+
+
 def _bad_jsonl_line(path: Path) -> str | None:
     """'line N: <problem>' for the first line of a .jsonl file that is not a JSON object (None if all are)."""
     import json
 
     row = -1
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, start=1):
-            text = line.strip()
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as e:
+                return (f"line {n} is not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}). Fix: save the "
+                        f"file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
             if not text:
                 continue
             row += 1
@@ -145,6 +166,9 @@ def _prompt_problem(prompt: Any) -> str:
                 return f"message {j} must be a mapping with 'role' and 'content'"
             if not isinstance(msg["content"], str):
                 return f"message {j} has non-text content"
+            if msg["role"] not in CHAT_ROLES:
+                return (f"message {j} has the unknown role {msg['role']!r}; chat templates know "
+                        f"{', '.join(CHAT_ROLES)}.{did_you_mean(str(msg['role']), CHAT_ROLES)}")
         return ""
     return f"expected text or a list of chat messages, got {type(prompt).__name__}"
 
@@ -154,15 +178,27 @@ def _short(value: Any, n: int = 80) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def render_prompt(prompt: Any, tokenizer: Any, system_prompt: str | None = None) -> str:
-    """The text the model sees: chat messages go through the chat template with a generation prompt."""
-    if isinstance(prompt, str) and not system_prompt:
+def render_prompt(prompt: Any, tokenizer: Any, system_prompt: str | None = None, chat_template: str = "auto") -> str:
+    """The text the model sees (the ``apply_chat_template`` config field is ``chat_template``).
+
+    ``auto``: chat messages, and plain text when ``system_prompt`` is set, go through the tokenizer's chat
+    template with a generation prompt; plain text without a system prompt is fed as written. ``always``:
+    plain text too (as one user message). ``never``: no template. Without a template (or with ``never``) the
+    message contents are joined by new lines.
+
+    >>> render_prompt("2+2=", None), render_prompt("2+2=", None, "Be brief.")
+    ('2+2=', 'Be brief.\\n2+2=\\n')
+    """
+    if isinstance(prompt, str) and not system_prompt and chat_template != "always":
         return prompt
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if system_prompt and messages[0].get("role") != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
-    if getattr(tokenizer, "chat_template", None):
+    if chat_template != "never" and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if chat_template == "always":
+        raise DataError("apply_chat_template=always but the tokenizer has no chat template. Fix: set "
+                        "apply_chat_template=auto (or never), or use a tokenizer with a chat template.")
     return "\n".join(m["content"] for m in messages) + "\n"
 
 

@@ -292,3 +292,9 @@ def corpus(task: str, n: int = 2000) -> list[str]:
     """Texts (prompts + demonstrations) to train a tokenizer on for ``task``."""
     rows = generate_rows(task, "train", n=n, seed=12345)
     return [row["prompt"] + demonstration(task, row) for row in rows]
+
+
+# builtin:retrieval: questions over the `search` environment's corpus (its module builds a Task, defined above)
+from grouprl.data.retrieval import retrieval_task  # noqa: E402
+
+TASKS["retrieval"] = retrieval_task()

@@ -18,6 +18,8 @@ safety         ``safety_reward`` (+ ``safety_report`` for the hits and their cat
 robust         ``robust_reward``: accuracy with anti-hacking defences
 composite      ``composite_reward``: ``AgentRewardFunction`` total
 countdown      ``countdown_reward``: the expression uses each number once and reaches the target
+judge          ``judge_reward``: an LLM judge over an OpenAI-compatible endpoint (batch form)
+retrieval      ``retrieval_reward``: judge + citation/answer/efficiency/safety rules (batch form)
 =============  ===========================================================================
 
 ``make_reward_func`` turns any of them -- and any user function in either form, per-sample or TRL's
@@ -52,7 +54,9 @@ from grouprl.rewards.countdown import countdown_reward
 from grouprl.rewards.efficiency import dapo_overlong_penalty, efficiency_reward
 from grouprl.rewards.exact import exact_match_reward
 from grouprl.rewards.format import format_reward
+from grouprl.rewards.judge import judge_agreement, judge_reward
 from grouprl.rewards.math_answer import extract_answer, math_reward
+from grouprl.rewards.retrieval import retrieval_reward
 from grouprl.rewards.robust import robust_reward
 from grouprl.rewards.safety import SafetyHit, safety_report, safety_reward
 from grouprl.rewards.tool_call import parse_tool_call, tool_call_reward
@@ -81,10 +85,13 @@ __all__ = [
     "extract_answer",
     "format_first_schedule",
     "format_reward",
+    "judge_agreement",
+    "judge_reward",
     "make_reward_func",
     "math_reward",
     "math_reward_config",
     "parse_tool_call",
+    "retrieval_reward",
     "retrieval_reward_config",
     "reward_form",
     "robust_reward",

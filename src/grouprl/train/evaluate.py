@@ -31,7 +31,7 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
              system_prompt: str | None, max_new_tokens: int, max_prompt_length: int | None,
              temperature: float = 0.0, num_samples: int = 1, top_p: float = 1.0, batch_size: int = 32,
              threshold: float = 1.0, ks: tuple[int, ...] = (1,), agent: Any = None,
-             model: Any = None) -> dict[str, Any]:
+             model: Any = None, chat_template: str = "auto") -> dict[str, Any]:
     """Decode ``num_samples`` completions per row (greedy when temperature == 0) and score them.
 
     With ``agent`` (``grouprl.train.agent.Agent``) the rollouts are multi-turn on ``model``, as in training:
@@ -57,7 +57,7 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
         columns = reward_columns(expanded, prompt_column)
         prompts = [r[prompt_column] for r in expanded]
         if agent is None:
-            texts = [render_prompt(r[prompt_column], tokenizer, system_prompt) for r in chunk]
+            texts = [render_prompt(r[prompt_column], tokenizer, system_prompt, chat_template) for r in chunk]
             out = backend.generate(texts, num_samples, params)
             completions = completions_for_rewards(out.completions, prompts)
         else:
@@ -119,7 +119,8 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
         return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
                         max_prompt_length=cfg.max_prompt_length, temperature=temperature, num_samples=num_samples,
-                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks, agent=agent, model=model)
+                        top_p=cfg.top_p, batch_size=cfg.eval_batch_size, ks=ks, agent=agent, model=model,
+                        chat_template=cfg.apply_chat_template)
 
 
 def decoding_plan(cfg: Any, temperature: float | None, num_samples: int | None,

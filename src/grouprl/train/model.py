@@ -24,16 +24,20 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
-def check_model_source(name: str) -> None:
+def check_model_source(name: str, what: str = "model") -> None:
     """Fail fast, before data or weights load, when ``name`` cannot be found.
 
-    A local directory or ``builtin:`` name passes. Anything else is a hub id: it passes when it is in the
-    local cache, in offline mode (transformers then reports a cache miss itself), or when the hub answers
+    A local directory must be a saved model or adapter (a run folder gets "use <dir>/final"), and a name that
+    looks like a path but is none is "no such folder" (:func:`grouprl.train.startup.check_model_folder`).
+    A ``builtin:`` name passes. Anything else is a hub id: it passes when it is in the local cache, in offline mode (transformers then reports a cache miss itself), or when the hub answers
     one quick request; otherwise a ConfigError names the model and the fixes -- instead of ~50 s of
     silent retries and a traceback.
     """
     from pathlib import Path
 
+    from grouprl.train.startup import check_model_folder
+
+    check_model_folder(name, what)
     if name.startswith("builtin:") or Path(name).expanduser().is_dir():
         return
     from huggingface_hub import constants, try_to_load_from_cache
@@ -42,7 +46,7 @@ def check_model_source(name: str) -> None:
     try:
         validate_repo_id(name)
     except HFValidationError:
-        raise ConfigError(f"model={name!r} is neither a local directory nor a hub id ('org/name'). Fix: give "
+        raise ConfigError(f"{what}={name!r} is neither a local directory nor a hub id ('org/name'). Fix: give "
                           f"a directory holding config.json (check the path), a hub id, or builtin:<name>.") from None
     if constants.HF_HUB_OFFLINE or isinstance(try_to_load_from_cache(name, "config.json"), str):
         return
@@ -50,7 +54,7 @@ def check_model_source(name: str) -> None:
         get_session().head(constants.ENDPOINT, timeout=5)
     except Exception as e:  # any network failure: DNS, refused, timeout, proxy, TLS
         raise ConfigError(
-            f"model={name!r} is not a local directory and not in the local cache, and the Hugging Face Hub "
+            f"{what}={name!r} is not a local directory and not in the local cache, and the Hugging Face Hub "
             f"({constants.ENDPOINT}) is unreachable ({type(e).__name__}: {e}). Fix: download it where there is "
             f"network (`hf download {name}`) and copy the cache or the folder here, give a local directory, "
             f"or point HF_ENDPOINT at a reachable mirror."
@@ -145,7 +149,14 @@ def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
     if peft_config is None:
         peft_config = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                                  target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, peft_config)
+    try:
+        return get_peft_model(model, peft_config)
+    except ValueError as e:  # peft: "Target modules {...} not found in the base model"
+        if "not found" not in str(e) and "target" not in str(e).lower():
+            raise
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(f"lora_target_modules={peft_config.target_modules!r} matches no module of this model. "
+                          f"Fix: use all-linear or names among its linear layers: {', '.join(names)}.") from None
 
 
 class Reference:

@@ -92,7 +92,8 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     if ctx.agent is not None:
         return _sample_and_score_agent(ctx, rows, params, timers)
     with timers("generate"):
-        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt) for r in rows]
+        texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
+                 for r in rows]
         with ctx.autocast():
             rollout = ctx.backend.generate(texts, G, params)
     with timers("reward"):
@@ -137,12 +138,14 @@ def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
     """Rollout, score, (dynamic sampling), advantages, and the fixed log-probs the updates need."""
     first = sample_and_score(ctx, stream.next(), timers)
+    logged_by_rewards = dict(ctx.scorer.last_metrics)  # what the rewards logged with log_metric (judge/agreement)
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
     batch = assemble(ctx, parts, keep)
     metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout, batch.adv,
                             zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs))
     if first.trajectories is not None:  # tools/*, turns/mean, end_reason/*, tokens/*, rewards/env/mean
         metrics.update(agent_metrics(first.trajectories))
+    metrics.update(logged_by_rewards)
     metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
                     "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float().mean())})
     mbs = micro_batches(ctx, batch, timers)

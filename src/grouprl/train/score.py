@@ -56,6 +56,7 @@ class RewardScorer:
             raise ConfigError(f"reward_weights has {len(weights)} entries but there are {len(self.funcs)} reward "
                               f"functions ({', '.join(self.names)}): give one weight per function.")
         self.weights = [float(w) for w in (weights if weights is not None else [1.0] * len(self.funcs))]
+        self.last_metrics: dict[str, float] = {}
 
     def score(self, prompts: list[Any], completions: list[Any], columns: dict[str, list],
               trainer_state: Any = None, completion_ids: list[list[int]] | None = None):
@@ -65,6 +66,10 @@ class RewardScorer:
         n = len(completions)
         components = [[math.nan] * len(self.funcs) for _ in range(n)]
         extra: dict[str, Any] = {"trainer_state": trainer_state} if trainer_state is not None else {}
+        # TRL's `log_metric(name, value)`: a reward may log its own numbers (e.g. judge/agreement), which the
+        # round's metrics then carry
+        self.last_metrics = {}
+        extra["log_metric"] = lambda key, value: self.last_metrics.__setitem__(str(key), float(value))
         if completion_ids is not None:
             extra["completion_ids"] = completion_ids
         for j, (fn, name) in enumerate(zip(self.funcs, self.names)):

@@ -40,12 +40,21 @@ class GRPOTrainer:
         if not isinstance(cfg, GRPOConfig):
             raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
                               f"`from grouprl import GRPOConfig`.")
+        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
+            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
+        from grouprl.train.startup import apply_task_defaults
+
+        apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
         cfg.validate()
         cfg.check_names()  # registry names and kwargs: fail before any model loads
         cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         from grouprl.sandbox.config import configure_for_run
 
         configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
+        from grouprl.train import startup
+
+        startup.preflight(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
         from grouprl.train.model import (
             apply_peft,
             apply_torch_threads,
@@ -77,6 +86,11 @@ class GRPOTrainer:
         warn_missing_reward_columns(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                     self.train_dataset)  # no `answer` for accuracy: said before the model loads
         self.eval_reward_func = eval_reward_func
+        note = startup.eval_split_note(cfg, eval_dataset is not None, self.eval_dataset)
+        if note:
+            print(note)
+        self._used = dict(model=source, train_dataset=train_dataset if train_dataset is not None else cfg.dataset,
+                          reward_funcs=reward_funcs if reward_funcs is not None else cfg.reward_funcs)
         if self.eval_dataset is not None and eval_reward_func is None:
             self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
 
@@ -85,6 +99,10 @@ class GRPOTrainer:
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
         if self.agent is not None:
             self.agent.check_template(self.tokenizer)  # not prefix-preserving: say so now, with the fix
+        # the model's context from its config (not its weights); a name's tokenizer was loaded from its folder
+        folder = self.tokenizer.name_or_path if isinstance(source, str) and processing_class is None else source
+        startup.check_prompt_lengths(cfg, self.tokenizer, startup.model_context(folder),
+                                     {"train": self.train_dataset, "eval": self.eval_dataset})
         import transformers
 
         transformers.set_seed(cfg.seed)
@@ -118,15 +136,20 @@ class GRPOTrainer:
         The run holds ``<output_dir>/.lock`` throughout (``grouprl.train.lock``); SIGINT / SIGTERM save a
         checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
         of ``grouprl.train.resume_config.SAFE``."""
+        from grouprl.config.io import write_yaml
         from grouprl.train import reporting
         from grouprl.train.checkpoint import save_final_atomic
         from grouprl.train.lock import run_lock
         from grouprl.train.loop import train
-        from grouprl.train.output_dir import start_run
+        from grouprl.train.output_dir import resume_checkpoint, start_run
+        from grouprl.train.startup import check_resume_model, recorded_config
 
         cfg = self.config
         with run_lock(cfg.output_dir):  # one run per output_dir (a second one refuses, naming this one)
             resume = start_run(cfg, resume_from_checkpoint)  # resume or fresh; config checks; config.yaml
+            check_resume_model(self.model.config.to_dict(), resume_checkpoint(cfg, resume))  # before its weights
+            # config.yaml names what was used: a model object's path, '<python object: N rows>', reward import paths
+            write_yaml(recorded_config(cfg, **self._used), Path(cfg.output_dir) / "config.yaml")
             reporting.write_meta(cfg, self._reward_specs)  # which rewards, in which version (run_meta.json)
             self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
@@ -200,6 +223,9 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
     command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
     if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
         lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
+    elif not evals:  # e.g. a single file: no held-out split, so a command would fail
+        lines.append(f"re-evaluate:  {cfg.dataset} has no {cfg.eval_split!r} split, so this run has no held-out "
+                     f"evaluation to repeat")
     else:
         lines.append(f"re-evaluate:  {command}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)

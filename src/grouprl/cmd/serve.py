@@ -1,0 +1,45 @@
+"""``grouprl serve MODEL_OR_PATH [--port 8000] [--host 127.0.0.1]``: an OpenAI-compatible chat endpoint
+over a local model, e.g. a judge for the ``judge`` reward that needs no network::
+
+    grouprl serve builtin:arithmetic --port 8000 &
+    # recipe: reward_kwargs: {judge: {base_url: "http://127.0.0.1:8000/v1", model: judge}}
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a local model as an OpenAI-compatible /v1/chat/completions endpoint")
+    p.add_argument("model", help="local directory, hub id or builtin:<name>")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
+    p.add_argument("--name", default=None, help="model name reported by /v1/models (default: MODEL)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="cap on tokens generated per request")
+    p.add_argument("--max-time", type=float, default=60.0, help="cap on seconds of generation per request")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get HTTP 413")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a client may stall mid-request")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from grouprl.serve.server import load_chat_server, make_server
+
+    chat = load_chat_server(args.model, device=args.device, name=args.name, max_new_tokens=args.max_new_tokens,
+                            max_time_s=args.max_time)
+    server = make_server(chat, args.host, args.port, max_body_bytes=args.max_body_bytes,
+                         socket_timeout_s=args.timeout)
+    host, port = server.server_address[:2]
+    print(f"serving {chat.name} at http://{host}:{port}/v1 (POST /v1/chat/completions); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0

@@ -1,0 +1,12 @@
+"""``grouprl serve``: a small OpenAI-compatible chat endpoint over a local Hugging Face causal LM.
+
+It exists so that an LLM judge (``grouprl.rewards.judge``) can be a local model and a whole run works
+offline; it is not a production inference server (one request generates at a time -- use vLLM's
+``vllm serve`` for throughput). See :mod:`grouprl.serve.server`.
+"""
+
+from __future__ import annotations
+
+from grouprl.serve.server import ChatServer, make_server
+
+__all__ = ["ChatServer", "make_server"]

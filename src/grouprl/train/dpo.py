@@ -1,0 +1,318 @@
+"""DPO and IPO: offline training on preference pairs (Rafailov et al. arXiv:2305.18290; Azar et al.
+arXiv:2310.12036), with the same checkpoints, logging and held-out evaluation as the GRPO loop.
+
+    setup:    pairs (prompt, chosen, rejected) checked, tokenised        (grouprl.data.prefs)
+    ref_logp: pi_start(chosen), pi_start(rejected), ONCE, before the first update; kept with the pairs
+              (and in every checkpoint), so no reference model is held during training
+    for step:
+        pairs  = next per_device_train_batch_size x gradient_accumulation_steps pairs (shuffled, resumable)
+        for each micro-batch:
+            logp  = pi(chosen), pi(rejected)     [n]: summed token log-probs (sigmoid) / token means (ipo)
+            loss  = dpo_loss(logp_c, logp_r, ref_c, ref_r).sum() / pairs of the step      (algo.losses)
+        clip, AdamW step, schedule; log; evaluate; checkpoint
+
+Metrics (TRL's names): ``rewards/chosen`` and ``rewards/rejected`` = beta * (logp - ref_logp), the implicit
+reward (arXiv:2305.18290, Sec. 5); ``rewards/margins`` = their difference; ``rewards/accuracies`` = the
+fraction of pairs whose chosen reward is higher; ``logps/chosen``, ``logps/rejected``; ``loss``.
+Log-probs are those of the model itself (temperature 1), in fp32. Text completions get the tokenizer's EOS
+appended (the model must learn to stop); chat completions end as the chat template ends them.
+Simplifications: one process; pairs are re-tokenised from their text (as TRL does). What ``grouprl train``
+does around this loop (checks, data, model, final model) is in :mod:`grouprl.train.dpo_run`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grouprl.algo.losses import dpo_ipo_loss, dpo_sigmoid_loss
+from grouprl.algo.ops import masked_sum
+from grouprl.data.load import render_prompt
+from grouprl.data.prefs import check_pref_rows
+from grouprl.data.stream import PromptStream
+from grouprl.errors import DataError
+from grouprl.train import checkpoint as ckpt
+from grouprl.train.evaluate import evaluate_model
+from grouprl.train.metrics import MetricsLogger
+from grouprl.train.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
+from grouprl.train.resume_config import config_record
+from grouprl.train.signals import GracefulStop
+from grouprl.train.step import SkipGuard, completion_logps
+
+LOSSES = {"sigmoid": dpo_sigmoid_loss, "ipo": dpo_ipo_loss}
+"""dpo_loss -> the loss function of grouprl.algo.losses."""
+
+
+@dataclass
+class Pair:
+    """One tokenised preference pair, with the reference log-probs once they are computed."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    ref_chosen: float | None = None
+    ref_rejected: float | None = None
+
+
+# ---- tokenising ---------------------------------------------------------------------------------------
+def tokenize_pairs(rows: Any, tokenizer: Any, cfg: Any) -> list[Pair]:
+    """Prompt ids (cut from the left to max_prompt_length) and chosen / rejected completion ids (cut to
+    max_new_tokens); a pair whose two sides tokenise the same is a DataError naming its row."""
+    check_pref_rows(rows)
+    out = []
+    for i in range(len(rows)):
+        row = rows[i]
+        prompt_text = render_prompt(row["prompt"], tokenizer, cfg.system_prompt, cfg.apply_chat_template)
+        prompt_ids = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+        if cfg.max_prompt_length is not None and len(prompt_ids) > cfg.max_prompt_length:
+            if cfg.truncation == "error":
+                raise DataError(f"row {i}: the prompt is {len(prompt_ids)} tokens, above max_prompt_length="
+                                f"{cfg.max_prompt_length} (truncation=error). Fix: shorten it, raise "
+                                f"max_prompt_length, or set truncation=left to cut it from the left.")
+            prompt_ids = prompt_ids[-cfg.max_prompt_length:]
+        sides = [_completion_ids(row, side, prompt_text, tokenizer, cfg)[: cfg.max_new_tokens]
+                 for side in ("chosen", "rejected")]
+        if sides[0] == sides[1]:
+            raise DataError(f"row {i}: chosen and rejected have the same first {cfg.max_new_tokens} tokens "
+                            f"(max_new_tokens): the pair prefers nothing. Fix: raise max_new_tokens or drop the row.")
+        out.append(Pair(prompt_ids, sides[0], sides[1]))
+    return out
+
+
+def _completion_ids(row: dict, side: str, prompt_text: str, tokenizer: Any, cfg: Any) -> list[int]:
+    value, eos = row[side], [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    if isinstance(value, str):
+        return tokenizer(value, add_special_tokens=False)["input_ids"] + eos
+    templated = cfg.apply_chat_template == "always" or (cfg.apply_chat_template == "auto" and (
+        isinstance(row["prompt"], list) or cfg.system_prompt))
+    if templated and getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": row["prompt"]}] if isinstance(row["prompt"], str) else list(row["prompt"])
+        if cfg.system_prompt and messages[0].get("role") != "system":
+            messages = [{"role": "system", "content": cfg.system_prompt}] + messages
+        full = tokenizer.apply_chat_template(messages + list(value), tokenize=False)
+        if full.startswith(prompt_text):
+            return tokenizer(full[len(prompt_text):], add_special_tokens=False)["input_ids"]
+    return tokenizer("\n".join(m["content"] for m in value), add_special_tokens=False)["input_ids"] + eos
+
+
+def collate(pairs: list[Pair], pad_id: int, device: Any) -> tuple[torch.Tensor, ...]:
+    """``2n`` rows (chosen of every pair, then rejected): prompts left-padded, completions right-padded.
+    Returns ``(prompt_ids, prompt_mask, completion_ids, completion_mask)``."""
+    prompts = [p.prompt_ids for p in pairs] * 2
+    completions = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
+    P, T = max(map(len, prompts)), max(map(len, completions))
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    pmask = torch.zeros((len(prompts), P), dtype=torch.long)
+    cids = torch.full((len(prompts), T), pad_id, dtype=torch.long)
+    cmask = torch.zeros((len(prompts), T), dtype=torch.long)
+    for r, (p, c) in enumerate(zip(prompts, completions)):
+        if p:
+            ids[r, P - len(p):], pmask[r, P - len(p):] = torch.tensor(p), 1
+        cids[r, :len(c)], cmask[r, :len(c)] = torch.tensor(c), 1
+    return tuple(t.to(device) for t in (ids, pmask, cids, cmask))
+
+
+def sequence_logps(model: Any, batch: tuple[torch.Tensor, ...], average: bool) -> torch.Tensor:
+    """``[2n]`` completion log-probs: the sum over tokens, or the token mean when ``average`` (IPO)."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = batch
+    logp, _ = completion_logps(model, prompt_ids, prompt_mask, completion_ids, completion_mask, 1.0)
+    mask = completion_mask.to(logp.dtype)
+    total = masked_sum(logp, mask, dim=1)
+    return total / mask.sum(dim=1).clamp(min=1) if average else total
+
+
+@torch.no_grad()
+def reference_logps(model: Any, pairs: list[Pair], batch_size: int, average: bool, autocast: Any,
+                    pad_id: int) -> None:
+    """Fill ``ref_chosen`` / ``ref_rejected`` of every pair with the log-probs of ``model`` as it is now
+    (dropout off): one forward per ``batch_size`` pairs, once per run."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for start in range(0, len(pairs), batch_size):
+            chunk = pairs[start:start + batch_size]
+            with autocast():
+                logps = sequence_logps(model, collate(chunk, pad_id, device), average).float().cpu()
+            for j, pair in enumerate(chunk):
+                pair.ref_chosen, pair.ref_rejected = float(logps[j]), float(logps[len(chunk) + j])
+    finally:
+        model.train(was_training)
+
+
+# ---- one micro-batch ----------------------------------------------------------------------------------
+def micro_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, pad_id: int):
+    """The micro-batch's DPO / IPO loss, normalised by the pairs of the WHOLE optimizer step (so the gradient
+    does not depend on how the step is split), and its metric sums (also divided by the step's pairs)."""
+    device = next(model.parameters()).device
+    average = cfg.dpo_loss == "ipo"  # IPO's margin is on token-averaged log-probs (arXiv:2310.12036, Sec. 5.2)
+    logps = sequence_logps(model, collate(pairs, pad_id, device), average).float()
+    n = len(pairs)
+    chosen, rejected = logps[:n], logps[n:]
+    ref_c = torch.tensor([p.ref_chosen for p in pairs], dtype=torch.float32, device=device)
+    ref_r = torch.tensor([p.ref_rejected for p in pairs], dtype=torch.float32, device=device)
+    hp = {"beta": cfg.dpo_beta}
+    if cfg.dpo_loss == "sigmoid":
+        hp["label_smoothing"] = cfg.dpo_label_smoothing
+    per_pair, _ = LOSSES[cfg.dpo_loss](chosen, rejected, ref_c, ref_r, **hp)
+    loss = per_pair.sum() / step_pairs
+    with torch.no_grad():
+        r_c, r_r = cfg.dpo_beta * (chosen - ref_c), cfg.dpo_beta * (rejected - ref_r)
+        sums = {"loss": loss.detach(), "rewards/chosen": r_c.sum(), "rewards/rejected": r_r.sum(),
+                "rewards/margins": (r_c - r_r).sum(), "rewards/accuracies": (r_c > r_r).float().sum(),
+                "logps/chosen": chosen.sum(), "logps/rejected": rejected.sum()}
+        sums = {k: v if k == "loss" else v / step_pairs for k, v in sums.items()}
+    return loss, sums
+
+
+def dpo_step(model: Any, batch: list[Pair], cfg: Any, optimizer: Any, scheduler: Any, autocast: Any,
+             pad_id: int) -> dict[str, float]:
+    """One optimizer step over ``batch`` (gradient_accumulation_steps micro-batches); a non-finite loss or
+    gradient norm skips the update (``skipped`` = 1.0), as the GRPO step does."""
+    mb = cfg.per_device_train_batch_size
+    acc: dict[str, torch.Tensor] = {}
+    for start in range(0, len(batch), mb):
+        with autocast():
+            loss, sums = micro_batch_loss(model, batch[start:start + mb], len(batch), cfg, pad_id)
+        loss.backward()
+        for k, v in sums.items():
+            acc[k] = acc[k] + v if k in acc else v
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
+    lr = scheduler.get_last_lr()[0]
+    finite = bool(torch.isfinite(acc["loss"])) and bool(torch.isfinite(grad_norm))
+    if finite:
+        optimizer.step()
+        scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    out = {k: float(v) for k, v in acc.items()} | {"grad_norm": float(grad_norm), "lr": lr,
+                                                   "skipped": float(not finite)}
+    if not finite:
+        out["skip_reason"] = "non-finite loss or gradient norm"
+    return out
+
+
+# ---- the loop ------------------------------------------------------------------------------------------
+def plan_dpo_steps(cfg: Any, num_pairs: int) -> tuple[int, int]:
+    """(total optimizer steps, pairs per optimizer step)."""
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if num_pairs < per_step:
+        raise DataError(f"the preference data has {num_pairs} pairs but one optimizer step needs {per_step} "
+                        f"(= per_device_train_batch_size {cfg.per_device_train_batch_size} x "
+                        f"gradient_accumulation_steps {cfg.gradient_accumulation_steps}). Fix: add pairs or "
+                        f"lower either.")
+    if cfg.max_steps > 0:
+        return cfg.max_steps, per_step
+    return max(1, math.ceil(cfg.num_train_epochs * (num_pairs // per_step))), per_step
+
+
+def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: Any = None,
+              eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
+    """Run DPO / IPO on ``model`` (loaded, on its device) with the pairs ``pair_rows``; returns a summary."""
+    upcast_trainable(model)
+    device = next(model.parameters()).device
+    autocast = autocast_factory(cfg.bf16, device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pairs = tokenize_pairs(pair_rows, tokenizer, cfg)
+    total_steps, per_step = plan_dpo_steps(cfg, len(pairs))
+    stream = PromptStream(len(pairs), per_step, cfg.seed)
+    optimizer, scheduler = build_optimizer(model, cfg, total_steps)
+    saved: dict[str, Any] = {"step": 0, "history": [], "evals": {}, "skipped_steps": 0, "ref_logp": None}
+    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
+    if resume_path is None:  # pi_ref = the model before any update
+        reference_logps(model, pairs, cfg.per_device_train_batch_size, cfg.dpo_loss == "ipo", autocast, pad_id)
+    else:
+        saved.update(_restore(cfg, resume_path, pairs, model, optimizer, scheduler, stream))
+    ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model)
+    model.train()
+    step, history, evals = saved["step"], saved["history"], saved["evals"]
+    guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
+    logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
+                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
+                           resume_step=step)
+
+    def run_eval(tag: str) -> None:
+        _evaluate(cfg, model, tokenizer, eval_rows, eval_reward_fn, logger, evals, tag, step)
+
+    def save() -> Any:
+        state = {"data": stream.state(), "ref_logp": ref_logp, "history": history, "evals": evals,
+                 "skipped_steps": guard.total, "log_bytes": ckpt.log_sizes(cfg.output_dir),
+                 "config": config_record(cfg)}
+        return ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
+                                    total_limit=cfg.save_total_limit)
+
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
+    try:
+        if resume_path is None and cfg.eval_before_train:
+            run_eval("before")
+        while step < total_steps:
+            t0 = time.perf_counter()
+            batch = [pairs[i] for i in stream.next()]
+            update = dpo_step(model, batch, cfg, optimizer, scheduler, autocast, pad_id)
+            step += 1
+            guard.check(update, step)
+            metrics = {**update, "epoch": stream.epoch, "time/step": time.perf_counter() - t0}
+            if step % cfg.logging_steps == 0 or step == total_steps:
+                logger.log(step, metrics)
+                history.append({"step": step, **{k: metrics[k] for k in ("loss", "rewards/accuracies",
+                                                                         "rewards/margins")}})
+            logger.advance(step, metrics)
+            if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
+                run_eval(f"step{step}")
+            saved_now = save() if _should_save(cfg, step, total_steps, len(pairs) // per_step) else None
+            if stop.requested:
+                raise stop.interrupted(step, saved_now or save())
+        stop.restore()
+        run_eval("after")
+    finally:
+        stop.restore()
+        logger.close()
+    return {"global_step": step, "total_steps": total_steps, "num_pairs": len(pairs), "history": history,
+            "evals": evals, "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
+            "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+
+
+def _restore(cfg: Any, path: Any, pairs: list[Pair], model: Any, optimizer: Any, scheduler: Any,
+             stream: PromptStream) -> dict[str, Any]:
+    """Weights, optimizer, schedule, RNG and data position from checkpoint ``path``, and the reference
+    log-probs of the start saved with it (the model has moved since: they cannot be recomputed)."""
+    saved = ckpt.load_checkpoint(path, model, optimizer, scheduler)
+    stream.load_state(saved["data"])
+    if saved["ref_logp"].shape[0] != len(pairs):
+        raise DataError(f"checkpoint {str(path)!r} holds reference log-probs of {saved['ref_logp'].shape[0]} "
+                        f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
+    for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
+        pair.ref_chosen, pair.ref_rejected = c, r
+    ckpt.truncate_logs(cfg.output_dir, path, saved.get("log_bytes"))  # what the checkpoint covers
+    ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
+    return saved
+
+
+def _should_save(cfg: Any, step: int, total_steps: int, steps_per_epoch: int) -> bool:
+    """Every save_steps (or epoch), and at the last step so that a longer run can --resume from it."""
+    if cfg.save_strategy == "no":
+        return False
+    return step == total_steps or step % (cfg.save_steps if cfg.save_strategy == "steps" else steps_per_epoch) == 0
+
+
+def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_fn: Any, logger: MetricsLogger,
+              evals: dict, tag: str, step: int) -> None:
+    """Held-out evaluation with ``evaluate_model`` (as GRPO's loop and ``grouprl eval``), logged as eval/*."""
+    if eval_rows is None or len(eval_rows) == 0 or eval_reward_fn is None:
+        return
+    rows = [eval_rows[i] for i in range(len(eval_rows))]
+    result = evaluate_model(cfg, model, tokenizer, rows, eval_reward_fn)
+    samples = result.pop("samples")
+    evals[tag] = dict(result) | {"step": step}
+    logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
+    logger.log_samples(step, [{"eval": tag, **s} for s in samples])
+
+
+__all__ = ["LOSSES", "Pair", "collate", "micro_batch_loss", "plan_dpo_steps", "reference_logps",
+           "tokenize_pairs", "train_dpo"]
