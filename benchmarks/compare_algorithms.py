@@ -188,7 +188,8 @@ def summarize(runs: list[dict]) -> dict:
             "before": statistics.mean(r["before"] for r in ok), "after": statistics.mean(r["after"] for r in ok),
             "after_per_seed": [r["after"] for r in ok], "eval_prompts": ok[0]["eval_prompts"],
             "seconds_per_update": statistics.mean(r["seconds_per_update"] for r in ok), "budget": ok[0]["budget"],
-            "clip_frac_mean": statistics.mean(r.get("clip_frac_mean", float("nan")) for r in ok),
+            # DPO has no importance ratio (offline pairs): no clip fraction to report
+            "clip_frac_mean": None if alg == "dpo" else statistics.mean(r.get("clip_frac_mean", 0.0) for r in ok),
             "models": models, "policy_param_bytes": p, "weights_x": round(sum(m["params"] for m in models.values()) / p, 2),
             "train_state_x": round(state / p, 2),
             "peak_rss": max(r["peak_rss"] for r in ok), "peak_rss_x": round(max(r["peak_rss"] for r in ok) / p, 1),
@@ -216,8 +217,9 @@ def markdown(summary: dict, notes: list[str]) -> str:
                               f"({m['x_policy_params']}×)" for n, m in s["models"].items())
         p = s["policy_param_bytes"]
         seeds = ", ".join(f"{100 * a:.1f}" for a in s["after_per_seed"])
+        clip = "–" if s.get("clip_frac_mean") is None else f"{s['clip_frac_mean']:.4f}"
         lines.append(f"| {alg} | {100 * s['before']:.1f}% → **{100 * s['after']:.1f}%** (seeds: {seeds}) | "
-                     f"{s['steps']} | {budget_text} | {s['seconds_per_update']:.2f} | {s['clip_frac_mean']:.4f} | "
+                     f"{s['steps']} | {budget_text} | {s['seconds_per_update']:.2f} | {clip} | "
                      f"{s['weights_x']}× | {per_model} | "
                      f"{s['train_state_x']}× | {mib(s['peak_rss'])} ({s['peak_rss_x']}×) | "
                      f"{mib(s['rss_rise_x'] * p)} ({s['rss_rise_x']}×) |")
