@@ -166,7 +166,7 @@ class GRPOConfig:
 
     # ---- batch and optimisation ---------------------------------------------------------------
     num_generations: int = 8
-    """G: completions sampled per prompt (>= 2 for the group baselines; ``algorithm: ppo`` accepts 1)."""
+    """G: completions sampled per prompt."""
     per_device_train_batch_size: int = 8
     """Completions per micro-batch (forward/backward)."""
     gradient_accumulation_steps: int = 1
