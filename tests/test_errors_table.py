@@ -3,6 +3,7 @@ checks a real run makes before loading weights), exit code 2, in about a second,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import time
@@ -12,7 +13,17 @@ import pytest
 import grouprl.train.model as model_mod
 from grouprl.cli import main
 
+
+def _vllm_installed() -> bool:
+    try:
+        importlib.metadata.version("vllm")
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 ROOT = os.geteuid() == 0
+VLLM = _vllm_installed()
 BASE = ["num_generations=4", "per_device_train_batch_size=4"]
 
 # (overrides, fragment of the one-line error); {tmp} is a folder with the files built by `files` below
@@ -49,6 +60,9 @@ TABLE = [
     (["apply_chat_template=sometimes"], "apply_chat_template='sometimes' must be one of 'auto', 'always', 'never'"),
     (["resume_from_checkpoint={tmp}/run/checkpoint-9"], "resume_from_checkpoint='{tmp}/run/checkpoint-9': no such "
                                                         "folder"),
+    pytest.param(["rollout_backend=vllm"], "needs the vllm package, which is not installed. Fix: pip install "
+                 "'grouprl[vllm]'", marks=pytest.mark.skipif(VLLM, reason="vllm is installed here")),
+    (["rollout_correction=tis"], "there is no mismatch to correct. Fix: rollout_correction: auto"),
 ]
 
 

@@ -469,5 +469,7 @@ def test_every_runtime_dependency_is_used():
     assert not unused, f"pyproject.toml requires {sorted(unused)}, which src/grouprl never imports: drop them"
 
 
-def test_no_extra_for_a_backend_that_does_not_exist():
-    assert "vllm" not in _declared(), "the vllm extra comes back with a vLLM rollout backend"
+def test_the_vllm_extra_serves_the_vllm_backend():
+    from grouprl.rollout import BACKENDS
+
+    assert "vllm" in _declared() and "vllm" in BACKENDS, "the vllm extra exists only with a vLLM rollout backend"

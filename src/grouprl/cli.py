@@ -1,4 +1,4 @@
-"""The ``grouprl`` command line: ``grouprl train|eval|reward|sandbox|list ...``.
+"""The ``grouprl`` command line: ``grouprl train|eval|reward|sandbox|list|vllm-serve ...``.
 
 Each subcommand lives in ``grouprl.cmd.<name>`` and exposes ``add_parser(subparsers)``, which
 registers its arguments and sets ``func`` to the function that runs it. Command modules import
@@ -16,7 +16,8 @@ import sys
 from grouprl import __version__
 from grouprl.errors import GroupRLError
 
-COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain", "serve"]
+COMMANDS = ["train", "eval", "reward", "sandbox", "list", "check-template", "report", "explain", "serve",
+            "vllm-serve"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -124,3 +124,13 @@ def test_plain_tools_and_a_trl_environment_with_its_reward(tmp_path, tiny_model_
     GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=ROWS, reward_funcs=[spy], tools=[add]).train()
     assert cfg.tools == ["agent_helpers:add"] and spy.kwargs[0]["tool_calls"][0][0]["result"] == "1"
     assert GRPOConfig.from_yaml(f"{cfg.output_dir}/config.yaml").tools == ["agent_helpers:add"]
+
+
+def test_the_summary_states_held_out_tool_use_before_and_after():
+    from grouprl.train.trainer import tool_use_line
+
+    before = {"accuracy": 0.3, "tools/calls_per_traj": 0.65, "tools/failure_frac": 0.1, "turns/mean": 1.6}
+    after = {"accuracy": 0.6, "tools/calls_per_traj": 0.99, "tools/failure_frac": 0.0, "turns/mean": 2.0}
+    assert tool_use_line(before, after) == ("held-out tool use: tool calls per trajectory 0.65 -> 0.99, "
+                                            "failed calls 0.10 -> 0.00, turns 1.60 -> 2.00")
+    assert tool_use_line({"accuracy": 0.1}, {"accuracy": 0.2}) is None  # a single-turn run: no line

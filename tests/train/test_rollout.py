@@ -44,7 +44,7 @@ def test_generate_groups_rows_and_masks(tiny_model_dir):
 
 def test_unknown_backend_names_the_plugin_form():
     with pytest.raises(ConfigError, match="'package.module:Class'"):
-        make_backend("vllm", None, None)
+        make_backend("sglang", None, None)
     with pytest.raises(ConfigError, match="cannot be loaded"):
         make_backend("no_such_module_xyz:Engine", None, None)
 

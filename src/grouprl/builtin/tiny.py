@@ -15,8 +15,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# A ChatML template: what Qwen uses, and what most chat datasets expect.
+# A ChatML template: what Qwen uses, and what most chat datasets expect. Tool results are messages with
+# role "tool" (``<|im_start|>tool\n7<|im_end|>``); when ``tools`` are given, one short system turn names
+# them, "Tools: calculator(expression)" (the tiny model has 512 positions: no JSON schemas). Without
+# tools the rendering is plain ChatML, exactly as before tools were supported. Prefix-preserving: an
+# earlier turn renders the same whatever follows (``grouprl check-template``).
 CHAT_TEMPLATE = (
+    "{% if tools %}{{ '<|im_start|>system\nTools: ' }}"
+    "{% for tool in tools %}{% set f = tool.function if tool.function is defined else tool %}"
+    "{{ f.name + '(' }}{% if f.parameters is defined and f.parameters.properties is defined %}"
+    "{{ f.parameters.properties | join(', ') }}{% endif %}{{ ')' }}{% if not loop.last %}{{ ', ' }}{% endif %}"
+    "{% endfor %}{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
     "{% endfor %}"

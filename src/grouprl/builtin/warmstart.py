@@ -23,6 +23,14 @@ Built-in names (see ``WARMSTARTS``):
 - ``arithmetic-noisy``: demonstrations with 30% wrong answers (off by one / ten / digits swapped) --
   the start of the "online RL can exceed its data" recipe.
 - ``countdown``: the countdown task.
+- ``calculator``: a tool user for ``What is 4817 * 36 + 529?`` (recipes/agent_calculator.yaml). Its
+  demonstrations are chat conversations rendered by the tiny chat template, token for token as the
+  multi-turn rollout (:mod:`grouprl.rollout.multiturn`) builds them; the loss covers only the assistant
+  turns, never the tool's reply. Half call the calculator and copy its result
+  (``<tool_call>calculator(expression="4817 * 36 + 529")</tool_call>``, tool: ``173941``,
+  ``Answer: 173941``), some of them with a mistyped expression (so a wrong answer); the rest answer at
+  once with the right number, which the tiny model cannot compute, so it learns the format of a direct
+  answer but not its digits.
 """
 
 from __future__ import annotations
@@ -74,16 +82,34 @@ class WarmStart:
     seed: int = 0
     threads: int = 1
     """Torch CPU threads during the build (fixed, so floating-point reductions are repeatable)."""
+    environment: str = ""
+    """``""``: single-turn text demonstrations (prompt + completion). ``"calculator"``: chat
+    demonstrations for the multi-turn rollout, some calling the calculator tool (see ``tool_fraction``);
+    ``noise`` is then the fraction of tool calls with a mistyped expression."""
+    tool_fraction: float = 0.0
+    """With ``environment``: fraction of demonstrations that call the tool; the others answer directly."""
+    no_tools_fraction: float = 0.0
+    """With ``environment``: fraction of the direct answers shown a prompt that lists no tools (so the
+    model also knows what to do when the tool is off: the baseline of the tool recipe)."""
 
     def digest(self) -> str:
-        blob = json.dumps({"v": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        settings = asdict(self)
+        for name in _LATER_FIELDS:  # fields added after FORMAT_VERSION 2 enter the hash only when set
+            if settings[name] == _LATER_FIELDS[name]:
+                del settings[name]
+        blob = json.dumps({"v": FORMAT_VERSION, **settings}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
     "arithmetic": WarmStart(direct_fraction=0.6, hasty_error=0.5),
     "arithmetic-noisy": WarmStart(noise=0.3),
     "countdown": WarmStart(task="countdown", sft_steps=600),
+    "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
+                            no_tools_fraction=0.5, sft_steps=1200),
 }
 
 
@@ -167,18 +193,18 @@ def sft_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
     return examples, right / len(examples)
 
 
-def _encode(tok, examples: list[tuple[str, str]]) -> list[tuple[list[int], int]]:
-    """Token ids of prompt + completion + EOS, and where the completion starts (the loss mask)."""
+def _encode(tok, examples: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+    """Token ids of prompt + completion + EOS, and the loss mask (1 on the completion and its EOS)."""
     out = []
     for prompt, completion in examples:
         p = tok(prompt, add_special_tokens=False)["input_ids"]
         c = tok(completion, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-        out.append((p + c, len(p)))
+        out.append((p + c, [0] * len(p) + [1] * len(c)))
     return out
 
 
 def _batch(encoded, idx, pad_id):
-    """Right-padded input ids, attention mask and labels (-100 outside the completion)."""
+    """Right-padded input ids, attention mask and labels (-100 where the loss mask is 0)."""
     import torch
 
     width = max(len(encoded[i][0]) for i in idx)
@@ -186,10 +212,10 @@ def _batch(encoded, idx, pad_id):
     labels = torch.full((len(idx), width), -100, dtype=torch.long)
     attn = torch.zeros((len(idx), width), dtype=torch.long)
     for r, i in enumerate(idx):
-        seq, start = encoded[i]
+        seq, mask = encoded[i]
         ids[r, : len(seq)] = torch.tensor(seq)
         attn[r, : len(seq)] = 1
-        labels[r, start : len(seq)] = torch.tensor(seq[start:])
+        labels[r, : len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool), torch.tensor(seq), -100)
     return ids, attn, labels
 
 
@@ -202,7 +228,12 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
 
     t0 = time.perf_counter()
     with _deterministic_torch(spec.threads):
-        tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+        if spec.environment:
+            from grouprl.builtin.agent_demos import tool_corpus
+
+            tok = build_tokenizer(tool_corpus(spec, build_tokenizer(corpus(spec.task))), vocab_size=spec.vocab_size)
+        else:
+            tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
         model = build_tiny_model(
             tok,
             hidden_size=spec.hidden_size,
@@ -211,8 +242,14 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
             num_kv_heads=spec.num_kv_heads,
             seed=spec.seed,
         )
-        examples, demo_accuracy = sft_examples(spec)
-        encoded = _encode(tok, examples)
+        if spec.environment:
+            from grouprl.builtin.agent_demos import encode_conversations, tool_examples
+
+            conversations, demo_accuracy = tool_examples(spec)
+            encoded = encode_conversations(tok, conversations)
+        else:
+            examples, demo_accuracy = sft_examples(spec)
+            encoded = _encode(tok, examples)
         losses = _sft(model, encoded, spec, pad_id=tok.pad_token_id)
     model.eval()
     out = save_tiny(out_dir, tok, model)

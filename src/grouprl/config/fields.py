@@ -216,7 +216,8 @@ class GRPOConfig:
     top_k: int = 0
     """Top-k sampling (0 = off; the same caveat as top_p)."""
     rollout_backend: str = "transformers"
-    """Generation backend: ``transformers`` (generate with a KV cache) or a plug-in ``package.module:Class``."""
+    """Generation backend: ``transformers`` (generate with a KV cache), ``vllm`` (an engine with its own copy of
+    the weights; the ``vllm_*`` fields, docs/VLLM.md) or a plug-in ``package.module:Class``."""
     lean_sampler: bool | None = None
     """Use grouprl's lean KV-cache sampler (Llama / Qwen2 architectures) instead of ``model.generate`` for
     rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
@@ -276,6 +277,47 @@ class GRPOConfig:
     """LoRA dropout."""
     lora_target_modules: Any = "all-linear"
     """LoRA target modules (a list of names or ``all-linear``)."""
+
+    # ---- vLLM rollouts (rollout_backend: vllm; docs/VLLM.md) ------------------------------------
+    vllm_mode: str = "colocate"
+    """``colocate``: a vLLM engine inside the training process, on the trainer's GPU; it sleeps while the
+    trainer computes and gets the new weights in memory once per generation round. ``server``: a separate
+    ``grouprl vllm-serve MODEL`` process on other GPUs; token ids and weights travel over HTTP to
+    vllm_server_url (the trainer then needs no vllm package)."""
+    vllm_server_url: str = "http://127.0.0.1:8000"
+    """Address of the ``grouprl vllm-serve`` server (vllm_mode=server)."""
+    vllm_server_timeout: float = 300.0
+    """Seconds to wait for the server at start-up and for any one request (a generation, a weight push);
+    past it the run stops with an error naming the server address."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Fraction of the GPU's memory the colocated engine may take for its weights and KV cache (the trainer
+    needs the rest); 0 < value <= 1."""
+    vllm_sleep: bool = True
+    """Colocate: free the engine's GPU memory while the trainer computes (vLLM sleep mode level 1: KV cache
+    dropped, weights offloaded to CPU memory), wake it to take new weights and generate."""
+    vllm_max_model_len: int | None = None
+    """Longest prompt + completion the engine reserves KV cache for (``None`` = max_prompt_length + the
+    larger of max_new_tokens and eval_max_new_tokens)."""
+    vllm_kwargs: dict = field(default_factory=dict)
+    """Extra keyword arguments for ``vllm.LLM`` in colocate mode, e.g. ``{enforce_eager: true}``."""
+    rollout_correction: str = "auto"
+    """Correction for the sampler/trainer mismatch (an engine's log-probs differ from the trainer's for
+    the same weights): ``tis`` = token-level truncated importance sampling, weight min(exp(old_logp -
+    rollout_logp), rollout_is_cap) on each token's loss (Yao et al. 2025); ``mask`` = drop sequences whose
+    geometric-mean ratio leaves rollout_mask_band; ``none``; ``auto`` = ``tis`` whenever the backend
+    reports its own log-probs (vLLM), nothing for the transformers backend (it samples with the trainer's
+    weights). Logged as mismatch/logp_abs_diff, mismatch/is_weight_mean, mismatch/is_weight_max,
+    mismatch/masked_frac."""
+    rollout_is_cap: float = 2.0
+    """Upper bound of the truncated importance weight (rollout_correction=tis); > 0."""
+    rollout_mask_band: list = field(default_factory=lambda: [0.99, 1.01])
+    """[low, high] band of the per-sequence geometric-mean ratio exp(mean_t(old_logp - rollout_logp)) kept
+    by rollout_correction=mask; 0 < low <= 1 <= high."""
+    gspo_use_engine_logp: bool = False
+    """Sequence-level losses (gspo, gspo_token): use the engine's log-probs as old_logp, so the ratio is
+    pi_theta / pi_engine and corrects the mismatch itself (no separate weight, rollout_correction auto
+    becomes none, and the trainer's old-log-prob forward is skipped). Sequence ratios tolerate per-token precision noise (arXiv 2507.18071, on RL infrastructure), but
+    the clip range then spends part of its width on the mismatch: see docs/VLLM.md."""
 
     # ---- logging and checkpoints ----------------------------------------------------------------
     logging_steps: int = 1

@@ -24,6 +24,8 @@ CHOICES = {
     "truncation": ("left", "error"),
     "apply_chat_template": ("auto", "always", "never"),
     "dpo_loss": ("sigmoid", "ipo"),
+    "vllm_mode": ("colocate", "server"),
+    "rollout_correction": ("auto", "tis", "mask", "none"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 _KINDS = {  # annotation -> (accepts, what to write)
@@ -72,8 +74,8 @@ def check_choices(cfg: Any) -> None:
         if target not in REPORT_TARGETS:
             raise ConfigError(f"report_to={target!r} must be among {', '.join(REPORT_TARGETS)}."
                               + did_you_mean(str(target), REPORT_TARGETS))
-    if cfg.rollout_backend != "transformers" and ":" not in cfg.rollout_backend:
-        raise ConfigError(f"rollout_backend={cfg.rollout_backend!r}: use 'transformers' or a plug-in "
+    if cfg.rollout_backend not in ("transformers", "vllm") and ":" not in cfg.rollout_backend:
+        raise ConfigError(f"rollout_backend={cfg.rollout_backend!r}: use 'transformers', 'vllm' or a plug-in "
                           f"'package.module:Class' implementing grouprl.rollout.base.Backend.")
 
 
@@ -155,6 +157,14 @@ def check_ranges(cfg: Any) -> None:
     check_lora_targets(cfg.lora_target_modules)
     if cfg.top_k < 0:
         raise ConfigError(f"top_k={cfg.top_k} must be >= 0 (0 = off).")
+    _range(cfg, "vllm_gpu_memory_utilization", 0.0, 1.0, open_low=True)
+    _range(cfg, "vllm_server_timeout", 0.0, None, open_low=True)
+    _range(cfg, "rollout_is_cap", 0.0, None, open_low=True, fix="2.0 is the usual truncation")
+    band = cfg.rollout_mask_band
+    if not (isinstance(band, (list, tuple)) and len(band) == 2 and all(_KINDS["float"][0](b) for b in band)
+            and 0 < band[0] <= 1 <= band[1]):
+        raise ConfigError(f"rollout_mask_band={band!r} must be [low, high] with 0 < low <= 1 <= high "
+                          f"(e.g. [0.99, 1.01]).")
     if cfg.torch_num_threads is not None and cfg.torch_num_threads < 1:
         raise ConfigError(f"torch_num_threads={cfg.torch_num_threads!r} must be a whole number >= 1 "
                           f"(or null to leave torch's default).")
@@ -183,6 +193,7 @@ def check_consistency(cfg: Any) -> None:
     if cfg.eval_num_samples > 1 and cfg.eval_temperature == 0:
         raise ConfigError(f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 gives identical "
                           f"greedy samples. Fix: set eval_temperature > 0 (e.g. 0.7) for pass@k.")
+    check_rollout_engine(cfg)
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.reward_funcs):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
                           f"{len(cfg.reward_funcs)}: give one weight per reward function.")
@@ -223,6 +234,26 @@ def check_ppo(cfg: Any) -> None:
                           "critic is not implemented. Fix: use_peft: false (or use a group algorithm with LoRA).")
 
 
+def check_rollout_engine(cfg: Any) -> None:
+    """Mismatch-correction settings that only make sense with an engine that reports its own log-probs."""
+    own = cfg.rollout_backend == "transformers"  # samples with the trainer's own weights: nothing to correct
+    if own and cfg.rollout_correction in ("tis", "mask"):
+        raise ConfigError(f"rollout_correction={cfg.rollout_correction!r} with rollout_backend='transformers': "
+                          f"that backend samples with the trainer's own weights, so there is no mismatch to "
+                          f"correct. Fix: rollout_correction: auto (or none), or rollout_backend: vllm.")
+    if own and cfg.gspo_use_engine_logp:
+        raise ConfigError("gspo_use_engine_logp=true needs an engine's log-probs; rollout_backend='transformers' "
+                          "has none. Fix: rollout_backend: vllm, or gspo_use_engine_logp: false.")
+    if cfg.gspo_use_engine_logp and cfg.rollout_correction in ("tis", "mask"):
+        raise ConfigError(f"gspo_use_engine_logp=true already corrects the mismatch in the ratio; "
+                          f"rollout_correction={cfg.rollout_correction!r} would correct it twice. Fix: "
+                          f"rollout_correction: auto (or none), or gspo_use_engine_logp: false.")
+    if cfg.rollout_backend == "vllm" and cfg.use_peft:
+        raise ConfigError("rollout_backend='vllm' with use_peft=true is not supported yet (the adapter would have "
+                          "to be merged before each weight push). Fix: use_peft: false, or rollout_backend: "
+                          "transformers.")
+
+
 def warn_k1(cfg: Any) -> None:
     """k1 = log(pi/pi_ref) has expected gradient zero as a loss term (its expectation's gradient comes from
     the sampling distribution, which a per-token loss does not differentiate): warn once."""
@@ -245,7 +276,20 @@ def check_names(cfg: Any) -> None:
             raise ConfigError(f"report_to={cfg.report_to!r} includes wandb, which is not installed. Fix: "
                               f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
     if cfg.algorithm != "dpo":  # dpo calls no registered policy loss or advantage
-        resolved(cfg)
+        fns = resolved(cfg)
+        if cfg.gspo_use_engine_logp and fns["policy_loss"] not in ("gspo", "gspo_token"):
+            raise ConfigError(f"gspo_use_engine_logp=true with policy_loss={fns['policy_loss']!r}: only the "
+                              f"sequence-level losses (gspo, gspo_token) tolerate the engine's token-level noise "
+                              f"in their ratio. Fix: algorithm: gspo, or gspo_use_engine_logp: false.")
+    if cfg.rollout_backend == "vllm" and cfg.vllm_mode == "colocate":
+        import importlib.util
+
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin is None:  # origin None: a namespace folder named vllm, not the package
+            raise ConfigError("rollout_backend='vllm' (vllm_mode=colocate) needs the vllm package, which is not "
+                              "installed. Fix: pip install 'grouprl[vllm]' (on a machine with a CUDA GPU), or "
+                              "vllm_mode: server with a `grouprl vllm-serve MODEL` running elsewhere, or "
+                              "rollout_backend: transformers.")
 
 
 def check_reward_kwargs(cfg: Any, reward_funcs: Any = None) -> None:

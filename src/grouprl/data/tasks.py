@@ -2,10 +2,11 @@
 
 Each task is a generator plus a reward recipe (the reward names a recipe should train and evaluate with):
 
-| task          | prompt (a plain string)                                   | answer  | reward recipe            |
+| task          | prompt                                                    | answer  | reward recipe            |
 | ------------- | --------------------------------------------------------- | ------- | ------------------------ |
 | ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
 | ``countdown`` | reach a target with + - * from given numbers               | target  | ``countdown``            |
+| ``calculator``| a user message "What is 4817 * 36 + 529?" (6-digit answer) | ``"173941"`` | ``accuracy``        |
 
 Demonstrations (for the bundled SFT warm start, :mod:`grouprl.builtin.warmstart`) use the format
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
@@ -174,12 +175,44 @@ def make_countdown(rng: random.Random, *, num_numbers: int = 3, max_number: int 
 # The checked evaluator and the reward live in grouprl.rewards.countdown (registered as "countdown").
 from grouprl.rewards.countdown import safe_eval as _safe_eval  # noqa: E402
 
+# --------------------------------------------------------------------------- calculator
+
+# (form, key) of the calculator task's expressions; a, b, c are drawn from the ranges of make_calculator.
+_CALC_FORMS = ["{a} * {b} + {c}", "{a} * {b} - {c}", "{c} + {a} * {b}"]
+
+
+def make_calculator(rng: random.Random, *, a_digits: int = 4, b_digits: int = 2, c_digits: int = 3,
+                    answer_digits: int | None = 6) -> dict[str, Any]:
+    """"What is 4817 * 36 + 529?": a product of an ``a_digits`` and a ``b_digits`` number plus or minus a
+    ``c_digits`` number, beyond what a 0.8M-parameter model computes in its head.
+
+    Problems are redrawn until the answer has ``answer_digits`` digits (``None``: any), so every
+    prompt, tool call and tool reply of one expression form has the same number of tokens.
+    The prompt is one chat message (so it is rendered by the chat template whether or not tools are on);
+    the answer is the exact integer; ``work`` is the expression as written in the prompt (what a tool
+    call passes to the ``calculator`` environment, :mod:`grouprl.envs.calculator`).
+    """
+    def draw(digits: int) -> int:
+        return rng.randint(10 ** (digits - 1), 10**digits - 1)
+
+    while True:
+        form = rng.randrange(len(_CALC_FORMS))
+        a, b, c = draw(a_digits), draw(b_digits), draw(c_digits)
+        expression = _CALC_FORMS[form].format(a=a, b=b, c=c)
+        value = a * b + c if "+" in expression else a * b - c
+        if answer_digits is None or len(str(value)) == answer_digits:
+            break
+    return {"prompt": [{"role": "user", "content": f"What is {expression}?"}], "answer": str(value),
+            "key": f"{form}|{a}|{b}|{c}", "work": expression}
+
+
 # --------------------------------------------------------------------------- registry and loading
 
 TASKS: dict[str, Task] = {
     "arithmetic": Task("arithmetic", make_arithmetic, ["accuracy"], "accuracy"),
     # accuracy would pay for repeating the target, which is in the prompt: countdown checks the expression
     "countdown": Task("countdown", make_countdown, ["countdown"], "countdown"),
+    "calculator": Task("calculator", make_calculator, ["accuracy"], "accuracy"),
 }
 
 
@@ -265,11 +298,16 @@ def demonstration(task: str, row: dict, *, wrong_answer: str | None = None, show
     """The completion a demonstrator writes for ``row``: ``<think>WORK</think>Answer: RESULT``.
 
     ``wrong_answer`` replaces the result (both at the end of the working and in the answer) to build
-    noisy demos; ``show_work=False`` gives the answer alone, ``Answer: RESULT``. For countdown the
+    noisy demos; ``show_work=False`` gives the answer alone, ``Answer: RESULT``. For calculator the
+    working is a call ``<tool_call>calculator(expression="4817 * 36 + 529")</tool_call>`` (the tool's
+    reply comes in between: see :func:`grouprl.builtin.warmstart.tool_conversation`). For countdown the
     working is the expression with its value and the answer line holds the expression
     (what :func:`countdown_reward` reads).
     """
     get_task(task)
+    if task == "calculator":  # the tool call and the answer as one text; the warm start splits the turns
+        call = f'<tool_call>calculator(expression="{row["work"]}")</tool_call>' if show_work else ""
+        return f"{call}Answer: {row['answer'] if wrong_answer is None else wrong_answer}"
     if task == "countdown":
         expr = row["work"] if wrong_answer is None else wrong_answer
         return f"<think>{expr}={row['answer']}</think>Answer: {expr}" if show_work else f"Answer: {expr}"
@@ -288,10 +326,31 @@ def plausible_wrong_answer(row: dict, rng: random.Random) -> str:
     return str(rng.choice(candidates))
 
 
+def mistyped_expression(row: dict, rng: random.Random) -> tuple[str, str]:
+    """A calculator row's expression with one digit mistyped, and its (wrong) value: what a careless
+    tool user passes to the calculator. The leading digit of a number is never made 0.
+
+    >>> mistyped_expression({"work": "4817 * 36 + 529"}, random.Random(0))
+    ('4817 * 36 + 729', '174141')
+    """
+    expression = row["work"]
+    while True:
+        i = rng.choice([k for k, ch in enumerate(expression) if ch.isdigit()])
+        digit = rng.choice([d for d in "0123456789" if d != expression[i]])
+        if digit == "0" and (i == 0 or not expression[i - 1].isdigit()):
+            continue
+        typo = expression[:i] + digit + expression[i + 1:]
+        return typo, str(_safe_eval(typo.replace(" ", "")))
+
+
 def corpus(task: str, n: int = 2000) -> list[str]:
     """Texts (prompts + demonstrations) to train a tokenizer on for ``task``."""
     rows = generate_rows(task, "train", n=n, seed=12345)
-    return [row["prompt"] + demonstration(task, row) for row in rows]
+    return [_prompt_text(row["prompt"]) + demonstration(task, row) for row in rows]
+
+
+def _prompt_text(prompt: str | list[dict]) -> str:
+    return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt) + "\n"
 
 
 # builtin:retrieval: questions over the `search` environment's corpus (its module builds a Task, defined above)

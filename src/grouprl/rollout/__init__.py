@@ -2,7 +2,9 @@
 
 ``make_backend(name, model, tokenizer)`` returns an object with ``generate(prompts, n, params) -> Rollout``
 and ``sync_weights(model)`` (see ``grouprl.rollout.base.Backend``). ``transformers`` (``generate`` with a KV
-cache, using the training weights) is built in. Another engine (vLLM, SGLang) plugs in as
+cache, using the training weights) and ``vllm`` (``grouprl.rollout.vllm_backend``: an engine with its own
+copy of the weights, colocated or a ``grouprl vllm-serve`` server; needs the ``vllm`` extra) are built in.
+Another engine (SGLang, ...) plugs in as
 ``rollout_backend: "package.module:Class"``; it is imported only when named, and the loop calls its
 ``sync_weights`` once per generation round, before generating (and before each evaluation).
 """
@@ -13,14 +15,16 @@ from typing import Any
 
 from grouprl.rollout.base import Backend, Rollout, SamplingParams
 
-BACKENDS = {"transformers": "grouprl.rollout.hf:TransformersBackend"}
+BACKENDS = {"transformers": "grouprl.rollout.hf:TransformersBackend",
+            "vllm": "grouprl.rollout.vllm_backend:VLLMBackend"}
 
 
 def make_backend(name: str, model: Any, tokenizer: Any, *, lean_sampler: bool | None = None,
-                 **kwargs: Any) -> Backend:
+                 vllm_options: dict | None = None, **kwargs: Any) -> Backend:
     """Instantiate the backend ``name`` (a built-in name or ``package.module:Class``), importing it here.
 
-    ``lean_sampler`` reaches the built-in transformers backend only (``None``: lean sampler on CPU only).
+    ``lean_sampler`` reaches the built-in transformers backend only (``None``: lean sampler on CPU only);
+    ``vllm_options`` (``grouprl.rollout.vllm_backend.options_from``) the vllm backend only.
     """
     import importlib
 
@@ -29,6 +33,8 @@ def make_backend(name: str, model: Any, tokenizer: Any, *, lean_sampler: bool | 
     spec = BACKENDS.get(name, name)
     if spec == BACKENDS["transformers"]:
         kwargs.setdefault("lean", lean_sampler)
+    if spec == BACKENDS["vllm"]:
+        kwargs.update(vllm_options or {})
     module_name, sep, cls_name = spec.partition(":")
     if not sep:
         raise ConfigError(f"rollout_backend={name!r} is unknown.{did_you_mean(name, BACKENDS)} Built in: "

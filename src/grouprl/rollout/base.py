@@ -34,6 +34,8 @@ class Rollout:
     Multi-turn rollouts add ``loss_mask [N,T]`` (1 on model-sampled tokens, 0 on tool outputs and template
     glue; ``None`` = every completion token was sampled) and ``trajectories`` (one
     :class:`grouprl.rollout.trajectory.Trajectory` per row).
+    rollout_logp [N,T]: the sampling engine's own log-prob of each sampled token (0 on padding), given by a
+    backend that samples with its own copy of the weights (vLLM); ``None`` when the trainer's model sampled.
     """
 
     prompt_ids: Any
@@ -45,6 +47,7 @@ class Rollout:
     prompts: list[str]
     loss_mask: Any = None
     trajectories: list | None = None
+    rollout_logp: Any = None  # [N,T] fp32: the sampler's own log-prob of each sampled token (None: the trainer sampled)
 
     def __len__(self) -> int:
         return len(self.completions)
@@ -63,7 +66,8 @@ class Rollout:
                        self.completion_mask[idx], self.truncated[idx],
                        [self.completions[i] for i in index], [self.prompts[i] for i in index],
                        None if self.loss_mask is None else self.loss_mask[idx],
-                       None if self.trajectories is None else [self.trajectories[i] for i in index])
+                       None if self.trajectories is None else [self.trajectories[i] for i in index],
+                       None if self.rollout_logp is None else self.rollout_logp[idx])
 
 
 def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
@@ -92,7 +96,20 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         torch.cat([pad(r.loss_mask, T, 0, False) for r in parts]) if all(r.loss_mask is not None for r in parts)
         else None,
         [t for r in parts for t in r.trajectories] if all(r.trajectories is not None for r in parts) else None,
+        _concat_rollout_logp(parts, T, pad),
     )
+
+
+def _concat_rollout_logp(parts: list[Rollout], T: int, pad: Any) -> Any:
+    """The parts' ``rollout_logp`` stacked (0 on padding); None when no part has one."""
+    import torch
+
+    have = [r.rollout_logp is not None for r in parts]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError("concat_rollouts: some parts carry rollout_logp and some do not (one backend per round)")
+    return torch.cat([pad(r.rollout_logp, T, 0.0, False) for r in parts])
 
 
 class Backend(Protocol):

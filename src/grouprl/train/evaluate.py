@@ -105,13 +105,15 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
     import torch
 
     from grouprl.rollout import make_backend
+    from grouprl.rollout.vllm_backend import options_from as vllm_options
     from grouprl.train.model import autocast_factory
 
     temperature, num_samples, ks = decoding_plan(cfg, temperature, num_samples, ks)
     if agent is None:
         agent = build_agent(cfg)
     if backend is None:
-        backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
+        backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
+                               vllm_options=vllm_options(cfg))
     device = next(model.parameters()).device
     autocast = autocast_factory(cfg.bf16, device)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast():

@@ -30,6 +30,7 @@ from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
+from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
 from grouprl.train import reporting
 from grouprl.train.agent import build_agent
@@ -52,7 +53,7 @@ from grouprl.train.round import (  # Round: older checkpoints pickled loop.Round
 )
 from grouprl.train.score import RewardScorer
 from grouprl.train.signals import GracefulStop
-from grouprl.train.step import LossSpec, SkipGuard, optimizer_step
+from grouprl.train.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
 
@@ -74,9 +75,10 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
     fns = cfg.resolved()  # the exact functions and hyper-parameters the config names (no silent overrides)
     spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
-                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature)
+                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg))
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
-    backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
+    backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
+                           vllm_options=vllm_options(cfg))
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)

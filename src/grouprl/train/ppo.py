@@ -38,6 +38,7 @@ from grouprl.builtins import load_builtins
 from grouprl.data.stream import PromptStream
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
+from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
 from grouprl.train import reporting
 from grouprl.train.agent import build_agent
@@ -55,7 +56,14 @@ from grouprl.train.resume_config import config_record
 from grouprl.train.reward_signal import RewardWatch
 from grouprl.train.round import Round, RoundBatch, RunContext, micro_batches, sample_and_score
 from grouprl.train.signals import GracefulStop
-from grouprl.train.step import LossSpec, MicroBatch, SkipGuard, batched_logps, optimizer_step
+from grouprl.train.step import (
+    LossSpec,
+    MicroBatch,
+    SkipGuard,
+    batched_logps,
+    mismatch_correction,
+    optimizer_step,
+)
 
 __all__ = ["Critic", "PPORound", "ValueTargets", "critic_step", "ppo_round", "token_rewards", "train_ppo",
            "whiten_round"]
@@ -244,7 +252,7 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
     fns = cfg.resolved()
     kl_loss = fns["kl_coef"] if cfg.kl_mode == "loss" else 0.0
     spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
-                    KL_ESTIMATORS.get(fns["kl_estimator"]), kl_loss, cfg.temperature)
+                    KL_ESTIMATORS.get(fns["kl_estimator"]), kl_loss, cfg.temperature, **mismatch_correction(cfg))
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
     critic_model = build_critic(model, cfg.critic_model, device)
@@ -253,7 +261,8 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
         enable_checkpointing(model)
         enable_checkpointing(critic_model)
     model.train()
-    backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler)
+    backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
+                           vllm_options=vllm_options(cfg))
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, None, reference, autocast, train_rows, 0, total_steps,

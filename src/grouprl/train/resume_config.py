@@ -49,6 +49,8 @@ SAFE: dict[str, str] = {
     "torch_num_threads": "the same computation with other parallelism",
     "gradient_checkpointing": "the same gradients, less memory",
     "lean_sampler": "the same sampling distribution, another implementation",
+    **dict.fromkeys(("vllm_server_url", "vllm_server_timeout", "vllm_gpu_memory_utilization", "vllm_sleep"),
+                    "where and how the vLLM engine runs: the same sampling distribution"),
     "max_consecutive_skips": "a safety stop",
     "max_rounds_without_reward": "a safety stop",
 }

@@ -21,6 +21,7 @@ from grouprl.algo.advantages import zero_std_groups as algo_zero_std_groups
 from grouprl.config import GRPOConfig
 from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
+from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.evaluate import completions_for_rewards
@@ -196,6 +197,10 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     """Split the round into ``effective_steps_per_generation`` micro-batches (each trimmed to its longest
     completion) and attach the reference / old log-probs the loss needs."""
     cfg, r = ctx.cfg, batch.rollout
+    if r.rollout_logp is None and getattr(cfg, "rollout_correction", "auto") in ("tis", "mask"):  # no silent no-op
+        raise ConfigError(f"rollout_correction={cfg.rollout_correction!r}, but rollout_backend="
+                          f"{cfg.rollout_backend!r} reports no rollout_logp (its own log-probs). Fix: "
+                          f"rollout_correction: auto, or a backend that sets Rollout.rollout_logp.")
     device = r.completion_ids.device
     loss_mask = r.completion_mask if r.loss_mask is None else r.loss_mask  # 0 on tool tokens (agent runs)
     if cfg.mask_truncated_completions:  # DAPO overlong filtering: truncated answers carry no signal
@@ -210,12 +215,14 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         i = torch.as_tensor(c, dtype=torch.long, device=device)
         T = max(int(r.completion_mask[i].sum(dim=1).max().item()) if len(c) else 1, 1)
         mbs.append(MicroBatch(r.prompt_ids[i], r.prompt_mask[i], r.completion_ids[i][:, :T],
-                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i]))
+                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i],
+                              rollout_logp=None if r.rollout_logp is None else r.rollout_logp[i][:, :T].float()))
     if ctx.reference is not None:
         with timers("ref_forward"), ctx.reference.context():
             for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
                 mb.ref_logp = lp
-    if cfg.needs_old_logp:
+    engine_old = getattr(cfg, "gspo_use_engine_logp", False) and r.rollout_logp is not None  # the engine's are old_logp
+    if cfg.needs_old_logp and not engine_old:
         # With mu = 1 the first optimizer step's micro-batches are scored before any update: their old
         # log-probs are the current ones, which the loss takes as logp.detach() when old_logp is None.
         first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0

@@ -31,6 +31,7 @@ class MicroBatch:
     adv: torch.Tensor  # [N]
     old_logp: torch.Tensor | None = None  # [N,T], only when the policy moved since generation
     ref_logp: torch.Tensor | None = None  # [N,T], only when kl_coef > 0
+    rollout_logp: torch.Tensor | None = None  # [N,T], the sampling engine's log-probs (vLLM), else None
 
 
 @dataclass
@@ -43,6 +44,25 @@ class LossSpec:
     kl_estimator: Any
     kl_coef: float
     temperature: float
+    # ---- sampler/trainer mismatch (grouprl.algo.correction), used when a micro-batch has rollout_logp
+    correction: Any = None  # fn(old_logp, rollout_logp, mask) -> (weight, metrics), or None
+    use_engine_logp: bool = False  # old_logp := rollout_logp (gspo_use_engine_logp), no correction weight
+
+
+def mismatch_correction(cfg: Any) -> dict[str, Any]:
+    """``LossSpec`` fields for the sampler/trainer mismatch from the config's ``rollout_correction``,
+    ``rollout_is_cap``, ``rollout_mask_band`` and ``gspo_use_engine_logp`` (``auto`` = ``tis``, applied
+    only to micro-batches whose backend reported ``rollout_logp``; none with ``gspo_use_engine_logp``)."""
+    from functools import partial
+
+    from grouprl.algo.correction import CORRECTIONS
+
+    name = cfg.rollout_correction
+    if name == "auto":
+        name = "none" if cfg.gspo_use_engine_logp else "tis"
+    hp = {"tis": {"cap": float(cfg.rollout_is_cap)}, "mask": {"band": tuple(cfg.rollout_mask_band)}, "none": {}}[name]
+    fn = partial(CORRECTIONS[name], **hp) if name in CORRECTIONS else None
+    return {"correction": fn, "use_engine_logp": bool(cfg.gspo_use_engine_logp)}
 
 
 def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -88,7 +108,14 @@ def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[st
     # On-policy (mu = 1, one step per generation): old_logp is the current forward, detached -- ratio 1
     # in value, gradient of the ratio = gradient of logp (arXiv 2402.03300, Sec. 4.1.3).
     old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
+    is_weight, mismatch = None, {}
+    if mb.rollout_logp is not None and spec.correction is not None:
+        is_weight, mismatch = spec.correction(old_logp, mb.rollout_logp, mb.loss_mask)
+    if mb.rollout_logp is not None and spec.use_engine_logp:  # the ratio itself is pi_theta / pi_engine
+        old_logp = mb.rollout_logp
     per_token, loss_metrics = spec.policy_loss(logp, old_logp, mb.adv, mb.loss_mask, **spec.loss_hp)
+    if is_weight is not None:  # detached truncated-IS / mask weight (grouprl.algo.correction)
+        per_token = per_token * is_weight
     policy = spec.aggregate(per_token, mb.loss_mask, **totals)
     loss = policy
     step_tokens = torch.as_tensor(float(totals["num_tokens"]))
@@ -106,6 +133,8 @@ def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[st
     for key, value in loss_metrics.items():
         value = value.detach().float()
         sums[f"policy/{key}"] = value if key.endswith(("_min", "_max")) else value * weight
+    for key, value in mismatch.items():
+        sums[f"mismatch/{key}"] = value.detach().float() * (1.0 if key.endswith("_max") else weight)
     return loss, sums
 
 

@@ -206,6 +206,9 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"held-out accuracy: before {fmt(before)}  ->  after {fmt(after)}"
                      f"  ({after.get('num_prompts', before.get('num_prompts', 0))} prompts, "
                      f"{'greedy' if cfg.eval_temperature == 0 else f'T={cfg.eval_temperature}'})")
+    tools = tool_use_line(before, after)
+    if tools:
+        lines.append(tools)
     curve = summarize_rewards(result.get("history", []))
     if curve:
         lines.append(f"train reward: first {curve['first']:.3f}, last {curve['last']:.3f}, max {curve['max']:.3f}; "
@@ -229,3 +232,17 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
     else:
         lines.append(f"re-evaluate:  {command}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)
+
+
+def tool_use_line(before: dict, after: dict) -> str | None:
+    """For an agent run: held-out tool use before -> after (calls and failures per trajectory, turns)."""
+    keys = (("tools/calls_per_traj", "tool calls per trajectory"), ("tools/failure_frac", "failed calls"),
+            ("turns/mean", "turns"))
+
+    def fmt(evals: dict, key: str) -> str:
+        return f"{evals[key]:.2f}" if isinstance(evals.get(key), (int, float)) else "-"
+
+    parts = [f"{label} {fmt(before, key)} -> {fmt(after, key)}" for key, label in keys
+             if key in after or key in before]
+    return ("held-out tool use: " + ", ".join(parts)) if parts else None
+

@@ -1,0 +1,155 @@
+"""Held-out accuracy and tool use against step and wall time for the calculator agent recipe.
+
+Trains ``recipes/agent_calculator.yaml`` through the real ``GRPOTrainer`` (multi-turn rollouts with the
+``calculator`` environment, held-out evaluation every ``--eval-steps``), then evaluates the warm start
+and the trained model once more WITHOUT the tool (``environment: null``: the prompt lists no tools and a
+tool call would go unanswered) -- the baseline of what the same model does from its head -- and greedily
+with the tool (the curve itself uses the recipe's eval_temperature). Writes the
+curve to JSON and a PNG::
+
+    python benchmarks/agent_curve.py                      # benchmarks/results/agent_calculator.{json,png}
+    python benchmarks/agent_curve.py max_steps=40         # recipe overrides
+
+``train_seconds`` is the sum of the trainer's own ``time/step`` (generation, tools, scoring, update) up
+to that step; ``wall_seconds`` is the wall clock since the trainer started, evaluations included (what a
+user waits for). The load average of the machine is recorded before and after: the numbers are only
+comparable between runs on equally busy machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _eval_records(metrics_path: str) -> tuple[list[dict], dict[int, dict]]:
+    evals, steps = [], {}
+    with open(metrics_path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "eval/accuracy" in rec:
+                evals.append(rec)
+            elif "time/step" in rec:
+                steps[rec["step"]] = rec
+    return evals, steps
+
+
+def train(recipe: str, eval_steps: int, run_dir: Path, overrides: list[str]) -> dict:
+    """Train ``recipe``; the held-out curve with tool statistics, train reward and tool use per step."""
+    from grouprl.config import GRPOConfig
+    from grouprl.train import GRPOTrainer
+
+    cfg = GRPOConfig.from_yaml(recipe, [*overrides, f"eval_steps={eval_steps}", f"output_dir={run_dir}",
+                                        "overwrite_output_dir=true", "progress_bar=false", "report_to=none"])
+    t0 = time.perf_counter()
+    trainer = GRPOTrainer(config=cfg)
+    result = trainer.train()
+    wall = time.perf_counter() - t0
+    evals, steps = _eval_records(result["metrics_path"])
+    elapsed, cumulative = 0.0, {0: 0.0}
+    for s in sorted(steps):
+        elapsed += steps[s]["time/step"]
+        cumulative[s] = round(elapsed, 1)
+    by_step = {e["step"]: e for e in evals}  # the "after" evaluation repeats the last periodic one's step
+    curve = [{"step": s, "train_seconds": cumulative.get(s, round(elapsed, 1)), "accuracy": e["eval/accuracy"],
+              "tool_calls_per_traj": e.get("eval/tools/calls_per_traj"),
+              "tool_failure_frac": e.get("eval/tools/failure_frac"), "turns": e.get("eval/turns/mean")}
+             for s, e in sorted(by_step.items())]
+    per_step = [{"step": s, "reward": r.get("reward"), "tool_calls_per_traj": r.get("tools/calls_per_traj"),
+                 "seconds": round(r["time/step"], 2)} for s, r in sorted(steps.items())]
+    return {"config": cfg, "final": str(result.get("final_model") or run_dir / "final"), "curve": curve,
+            "per_step": per_step,
+            "train_seconds": round(elapsed, 1), "wall_seconds": round(wall, 1), "steps": result["global_step"]}
+
+
+def greedy(cfg, checkpoint: str | None, *, tool: bool) -> dict:
+    """Greedy held-out accuracy of ``checkpoint`` (``None``: the recipe's model), with the recipe's tool
+    or with no tool available (``environment: null``)."""
+    from dataclasses import replace
+
+    from grouprl.cmd.eval import evaluate_checkpoint
+
+    run_cfg = cfg if tool else replace(cfg, environment=None, tools=[])
+    result = evaluate_checkpoint(run_cfg, checkpoint, temperature=0.0, num_samples=1, ks=())
+    return {"accuracy": result["accuracy"], "completion_length": result["completion_length"],
+            "tool_calls_per_traj": result.get("tools/calls_per_traj", 0.0)}
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curve = report["curve"]
+    steps = [p["step"] for p in curve]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    decoding = "greedy" if report["eval_temperature"] == 0 else f"T={report['eval_temperature']:g}"
+    ax1.plot(steps, [100 * p["accuracy"] for p in curve], marker="o", label=f"with the calculator ({decoding})")
+    ax1.axhline(100 * report["baseline_without_tool"]["warm_start"]["accuracy"], color="gray", ls="--",
+                label="warm start without the tool (greedy)")
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylabel("held-out accuracy (%)")
+    ax1.set_ylim(-2, 102)
+    ax1.legend(loc="upper left")
+    per_step = report["per_step"]
+    ax2.plot([p["step"] for p in per_step], [p["tool_calls_per_traj"] for p in per_step], label="train (T=1)")
+    ax2.plot(steps, [p["tool_calls_per_traj"] for p in curve], marker="o", label=f"held-out ({decoding})")
+    ax2.set_xlabel("optimizer step")
+    ax2.set_ylabel("tool calls per trajectory")
+    ax2.legend(loc="upper left")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{Path(report['recipe']).name}: GRPO with a calculator tool, {report['cpu_count']} CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("-c", "--config", default=str(ROOT / "recipes" / "agent_calculator.yaml"))
+    ap.add_argument("--eval-steps", type=int, default=10)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agent_calculator.json"))
+    ap.add_argument("--runs-dir", default=str(ROOT / "outputs" / "agent_curve"))
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON at --out")
+    ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
+    args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return 0
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    load_before = os.getloadavg()
+    run = train(args.config, args.eval_steps, Path(args.runs_dir), args.overrides)
+    load_after = os.getloadavg()
+    cfg = run.pop("config")
+    baseline = {"warm_start": greedy(cfg, None, tool=False), "trained": greedy(cfg, run["final"], tool=False)}
+    with_tool_greedy = {"warm_start": greedy(cfg, None, tool=True), "trained": greedy(cfg, run["final"], tool=True)}
+    import torch
+
+    report = {"recipe": args.config, "overrides": args.overrides, "eval_steps": args.eval_steps,
+              "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
+              "load_average_before": [round(x, 2) for x in load_before],
+              "load_average_after": [round(x, 2) for x in load_after],
+              "accuracy_before": run["curve"][0]["accuracy"], "accuracy_after": run["curve"][-1]["accuracy"],
+              "eval_temperature": cfg.eval_temperature, "eval_num_samples": cfg.eval_num_samples,
+              "baseline_without_tool": baseline, "greedy_with_tool": with_tool_greedy, **run}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    plot(report, png)
+    print(json.dumps({"json": str(out), "png": str(png), "before": report["accuracy_before"],
+                      "after": report["accuracy_after"], "without_tool": baseline, "greedy": with_tool_greedy,
+                      "wall_seconds": run["wall_seconds"], "load": report["load_average_after"]}), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,112 @@
+"""Tool-use demonstrations for a built-in warm start: chat conversations, tokenized as a rollout builds them.
+
+A demonstration is a list of chat messages (user, assistant, tool, assistant). Its token ids are the
+chat template's rendering cut at the turn boundaries, exactly as :mod:`grouprl.rollout.multiturn`
+builds a trajectory: the prompt with its generation prompt, then each assistant turn's content and
+end-of-turn token (loss mask 1: what the policy samples), then the template glue, the tool message and
+the next generation prompt (mask 0: what the environment and the template add). So the SFT learns the
+assistant tokens in the very context the rollout will show, and never learns to predict a tool's reply.
+Hand-written because the rollout's own helpers (:mod:`grouprl.rollout.chat`) sit above this package.
+
+Used by :func:`grouprl.builtin.warmstart.build_warmstart` for a :class:`WarmStart` with ``environment``.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+# What the tiny template shows of the calculator environment's tool (grouprl.envs.calculator): its name and
+# argument names. The full schema the rollout passes renders the same ("Tools: calculator(expression)").
+CALCULATOR_TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TOOLS = {"calculator": CALCULATOR_TOOLS}
+
+
+def tool_conversation(row: dict, *, call: bool, typo: tuple[str, str] | None = None) -> list[dict]:
+    """The messages of one demonstration for a calculator ``row``.
+
+    ``call=True``: call the calculator with the row's expression (or the mistyped one of ``typo =
+    (expression, value)``), read its reply, answer with it. ``call=False``: answer at once.
+    """
+    prompt = row["prompt"]
+    messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    if not call:
+        return messages + [{"role": "assistant", "content": f"Answer: {row['answer']}"}]
+    expression, value = typo if typo is not None else (row["work"], row["answer"])
+    return messages + [
+        {"role": "assistant", "content": f'<tool_call>calculator(expression="{expression}")</tool_call>'},
+        {"role": "tool", "name": "calculator", "content": value},
+        {"role": "assistant", "content": f"Answer: {value}"},
+    ]
+
+
+def tool_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict] | None]], float]:
+    """``(messages, tools or None)`` demonstrations of ``spec`` and the fraction whose answer is right.
+
+    ``spec.tool_fraction`` of them call the tool (``spec.noise`` of those with a mistyped expression);
+    the others answer directly, ``spec.no_tools_fraction`` of those under a prompt that lists no tools.
+    """
+    from grouprl.data.tasks import generate_rows, mistyped_expression
+
+    if spec.environment not in TOOLS:
+        raise ValueError(f"WarmStart.environment={spec.environment!r}: known tool demonstrations: {', '.join(TOOLS)}")
+    rows = generate_rows(spec.task, "train", n=spec.sft_rows, seed=1000 + spec.seed, **spec.task_kwargs)
+    rng = random.Random(f"tools|{spec.seed}")
+    out, right = [], 0
+    for row in rows:
+        call = rng.random() < spec.tool_fraction
+        typo = mistyped_expression(row, rng) if call and rng.random() < spec.noise else None
+        listed = call or rng.random() >= spec.no_tools_fraction
+        messages = tool_conversation(row, call=call, typo=typo)
+        right += messages[-1]["content"] == f"Answer: {row['answer']}"
+        out.append((messages, TOOLS[spec.environment] if listed else None))
+    return out, right / len(out)
+
+
+def _render(tok: Any, messages: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
+    kwargs = {"tools": tools} if tools else {}
+    return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+
+
+def conversation_ids(tok: Any, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    """Token ids of ``messages`` and their loss mask: 1 on each assistant turn's content + end-of-turn token.
+
+    The first user turn and its generation prompt, and everything between an assistant turn's
+    end-of-turn token and the next generation prompt (glue, tool messages) get 0. Raises ValueError when
+    the template is not prefix-preserving (the rollout would refuse it too).
+    """
+    eos = tok.eos_token
+    ids: list[int] = []
+    mask: list[int] = []
+    done = ""
+    for k, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(tok, messages[:k], tools, True)
+        full = _render(tok, messages[: k + 1], tools, False)
+        if not (before.startswith(done) and full.startswith(before)):
+            raise ValueError("conversation_ids: the chat template is not prefix-preserving")
+        body = full[len(before):]
+        turn = body[: body.index(eos) + len(eos)]
+        for text, trained in ((before[len(done):], 0), (turn, 1)):
+            piece = tok.encode(text, add_special_tokens=False)
+            ids += piece
+            mask += [trained] * len(piece)
+        done = before + turn
+    return ids, mask
+
+
+def encode_conversations(tok: Any, conversations: list[tuple[list[dict], list[dict] | None]]):
+    """:func:`conversation_ids` of each ``(messages, tools)``, as the warm start's ``(ids, mask)`` rows."""
+    return [conversation_ids(tok, messages, tools) for messages, tools in conversations]
+
+
+def tool_corpus(spec: Any, tok: Any, n: int = 600) -> list[str]:
+    """Texts to train the tokenizer on: ``n`` demonstrations rendered by the chat template of ``tok``
+    (so the template's words and the call syntax get tokens of their own)."""
+    from dataclasses import replace
+
+    conversations, _ = tool_examples(replace(spec, sft_rows=n, tool_fraction=max(spec.tool_fraction, 0.5)))
+    return [_render(tok, messages, tools, False) for messages, tools in conversations]

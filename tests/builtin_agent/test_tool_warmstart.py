@@ -1,0 +1,95 @@
+"""The tool-use warm start: demonstrations tokenized as the rollout builds them (tool replies masked),
+a tiny build that loads and drives a multi-turn rollout, and unchanged cache keys of the older specs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from grouprl.builtin.agent_demos import CALCULATOR_TOOLS, conversation_ids, tool_conversation, tool_examples
+from grouprl.builtin.tiny import build_tokenizer
+from grouprl.builtin.warmstart import INFO_FILE, WARMSTARTS, _batch, builtin_model_path
+from grouprl.rollout.chat import assistant_turn_ids, prompt_ids, tool_turn_ids
+
+ROW = {"prompt": [{"role": "user", "content": "What is 4817 * 36 + 529?"}], "answer": "173941",
+       "work": "4817 * 36 + 529"}
+TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300, sft_rows=64, sft_steps=3,
+            batch_size=8, warmup_steps=1)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def test_demonstration_ids_are_the_rollouts_and_mask_the_tool_reply(tok):
+    messages = tool_conversation(ROW, call=True)
+    ids, mask = conversation_ids(tok, messages, CALCULATOR_TOOLS)
+    # what MultiTurnRollout concatenates: prompt, sampled call, tool turn, sampled answer
+    p = prompt_ids(tok, messages[:1], CALCULATOR_TOOLS)
+    call = assistant_turn_ids(tok, messages[:1], messages[1], CALCULATOR_TOOLS)
+    turn = tool_turn_ids(tok, messages[:2], messages[2:3], CALCULATOR_TOOLS)
+    answer = assistant_turn_ids(tok, messages[:3], messages[3], CALCULATOR_TOOLS)
+    assert ids == p + call + turn + answer
+    assert mask == [0] * len(p) + [1] * len(call) + [0] * len(turn) + [1] * len(answer)
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == (
+        '<tool_call>calculator(expression="4817 * 36 + 529")</tool_call><|im_end|>Answer: 173941<|im_end|>')
+    assert tok.decode(turn) == "\n<|im_start|>tool\n173941<|im_end|>\n<|im_start|>assistant\n"
+    # the SFT labels: -100 on the prompt and the tool turn, the token ids on the assistant turns
+    _, _, labels = _batch([(ids, mask)], [0], pad_id=tok.pad_token_id)
+    assert labels[0].tolist() == [i if m else -100 for i, m in zip(ids, mask)]
+
+
+def test_direct_answer_and_mistyped_call(tok):
+    direct = tool_conversation(ROW, call=False)
+    assert [m["role"] for m in direct] == ["user", "assistant"] and direct[1]["content"] == "Answer: 173941"
+    ids, mask = conversation_ids(tok, direct)  # no tools listed: plain ChatML
+    assert tok.decode(ids).startswith("<|im_start|>user\n") and sum(mask) == len(tok.encode("Answer: 173941")) + 1
+    typo = tool_conversation(ROW, call=True, typo=("4817 * 36 + 729", "174141"))
+    assert typo[1]["content"] == '<tool_call>calculator(expression="4817 * 36 + 729")</tool_call>'
+    assert typo[2]["content"] == "174141" and typo[3]["content"] == "Answer: 174141"
+
+
+def test_example_mix_follows_the_spec():
+    spec = replace(WARMSTARTS["calculator"], sft_rows=2000)
+    examples, accuracy = tool_examples(spec)
+    calls = [m for m, _ in examples if len(m) == 4]
+    no_tools = [m for m, tools in examples if tools is None]
+    assert abs(len(calls) / 2000 - spec.tool_fraction) < 0.03
+    assert all(len(m) == 2 for m in no_tools)  # only direct answers are shown without tools
+    assert abs(len(no_tools) / (2000 - len(calls)) - spec.no_tools_fraction) < 0.04
+    wrong = sum(m[1]["content"].split('"')[1] != m[0]["content"][8:-1] for m in calls)
+    assert abs(wrong / len(calls) - spec.noise) < 0.04
+    assert accuracy == pytest.approx(1 - wrong / 2000)  # direct answers are right, mistyped calls wrong
+
+
+def test_older_specs_keep_their_cache_keys():
+    # fields added for tool demonstrations enter the hash only when set
+    assert WARMSTARTS["arithmetic"].digest() == "dbefbc085491"
+    assert WARMSTARTS["countdown"].digest() == "a55b654de697"
+    assert WARMSTARTS["calculator"].digest() != replace(WARMSTARTS["calculator"], tool_fraction=0.25).digest()
+
+
+def test_tiny_tool_warmstart_builds_loads_and_rolls_out(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grouprl.envs.calculator import CalculatorEnv
+    from grouprl.rollout.base import SamplingParams
+    from grouprl.rollout.chat import check_prefix_preserving
+    from grouprl.rollout.multiturn import MultiTurnParams, MultiTurnRollout, hf_generate_fn
+
+    path = builtin_model_path("calculator", cache_dir=tmp_path, **TINY)
+    info = json.loads((Path(path) / INFO_FILE).read_text())
+    assert info["settings"]["environment"] == "calculator" and info["sft_loss_last"] < info["sft_loss_first"]
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert check_prefix_preserving(tok).ok
+    assert len(tok.encode("tool")) == 1 and len(tok.encode("calculator")) == 1  # the template's words are tokens
+    rollout = MultiTurnRollout(tok, hf_generate_fn(model, tok), MultiTurnParams(max_turns=2, max_new_tokens=24),
+                               env_factory=CalculatorEnv)
+    (traj,) = rollout.run([ROW], params=SamplingParams(max_new_tokens=24, temperature=0.0))
+    assert traj.end_reason in ("answered", "max_tokens", "max_turns") and 0 < len(traj.completion_ids) <= 24
+    assert tok.decode(traj.prompt_ids).startswith("<|im_start|>system\nTools: calculator(expression)<|im_end|>")
