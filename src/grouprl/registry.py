@@ -122,7 +122,7 @@ class Registry:
 # One registry per extension point (shapes: B prompts, G group size, N = B*G, T completion tokens).
 ADVANTAGES = Registry("advantage estimator", "fn(rewards [B,G], **hp) -> adv [B,G]")
 POLICY_LOSSES = Registry(
-    "policy loss", "fn(logp [N,T], old_logp [N,T], adv [N], mask [N,T], **hp) -> (per_token [N,T], metrics)"
+    "policy loss", "fn(logp [N,T], old_logp [N,T], adv [N] or [N,T], mask [N,T], **hp) -> (per_token [N,T], metrics)"
 )
 AGGREGATIONS = Registry("loss aggregation", "fn(per_token [N,T], mask [N,T], **norm) -> scalar")
 KL_ESTIMATORS = Registry("KL estimator", "fn(logp [N,T], ref_logp [N,T]) -> [N,T]")

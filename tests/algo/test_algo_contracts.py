@@ -123,14 +123,83 @@ def test_minimal_custom_loss_passes_the_contract():
     def reinforce(logp, old_logp, adv, mask):
         """REINFORCE: -A log pi (Williams 1992). Shapes: [N, T] x 2, [N], [N, T] -> ([N, T], {})."""
         safe = torch.where(mask > 0, logp, torch.zeros_like(logp))
-        return -adv.unsqueeze(-1) * safe * mask.to(logp.dtype), {}
+        a = adv.unsqueeze(-1) if adv.dim() == 1 else adv  # [N] per sequence or [N, T] per token
+        a = torch.where(mask > 0, a, torch.zeros_like(a))
+        return -a * safe * mask.to(logp.dtype), {}
 
     fn = reg.get("reinforce")
     check_finite_output_and_metrics(fn)
     check_masked_tokens_get_zero_gradient_even_with_garbage(fn)
     check_zero_advantage_gives_zero_gradient(fn)
+    check_token_advantages_equal_broadcast_sequence_advantages(fn)
+    check_token_advantages_with_garbage_on_padding(fn)
     for log_ratio in (100.0, 1000.0):
         check_extreme_log_ratios_stay_finite(fn, log_ratio, torch.float32)
+
+
+# ---- token-level advantages [N, T] (PPO's GAE) through every registered loss -------------------------
+def check_token_advantages_equal_broadcast_sequence_advantages(fn):
+    """adv [N, T] holding A_i at every token of sequence i is the same objective as adv [N] = A_i."""
+    logp, old_logp, adv, mask = _batch()
+    seq_loss, seq_metrics = fn(logp, old_logp, adv, mask)
+    tok_loss, tok_metrics = fn(logp, old_logp, adv.unsqueeze(-1).expand_as(logp).clone(), mask)
+    assert tok_loss.shape == logp.shape and torch.allclose(tok_loss, seq_loss, atol=1e-12)
+    (g_seq,) = torch.autograd.grad(seq_loss.sum(), logp)
+    (g_tok,) = torch.autograd.grad(tok_loss.sum(), logp)
+    assert torch.allclose(g_tok, g_seq, atol=1e-12)
+    for key in seq_metrics:
+        assert tok_metrics[key].item() == pytest.approx(seq_metrics[key].item(), abs=1e-12), key
+
+
+def check_token_advantages_with_garbage_on_padding(fn):
+    """Token advantages that differ within a sequence; NaN / inf advantages on padding change nothing."""
+    logp, old_logp, _, mask = _batch()
+    torch.manual_seed(5)
+    adv = torch.randn(logp.shape, dtype=D)
+    per_token, metrics = fn(logp, old_logp, adv, mask)
+    (grad,) = torch.autograd.grad(per_token.sum(), logp)
+    garbage = torch.where(mask > 0, adv, torch.tensor(float("nan"), dtype=D))
+    garbage[1, 4] = float("inf")  # row 1 has 2 real tokens: position 4 is padding
+    per_token_g, metrics_g = fn(logp, old_logp, garbage, mask)
+    (grad_g,) = torch.autograd.grad(per_token_g.sum(), logp)
+    assert torch.isfinite(per_token_g).all() and torch.equal(per_token_g, per_token)
+    assert torch.isfinite(grad_g).all() and torch.equal(grad_g, grad)
+    assert (grad[mask == 0] == 0).all() and grad[mask == 1].abs().sum() > 0
+    _check_metrics(metrics_g)
+    zero, _ = fn(logp, old_logp, torch.zeros_like(adv), mask)
+    (g0,) = torch.autograd.grad(zero.sum(), logp)
+    assert (g0 == 0).all()  # zero token advantage: zero policy gradient
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_token_advantages_equal_broadcast_sequence_advantages(name):
+    check_token_advantages_equal_broadcast_sequence_advantages(POLICY_LOSSES.get(name))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_token_advantages_finite_masked_and_zero(name):
+    check_token_advantages_with_garbage_on_padding(POLICY_LOSSES.get(name))
+
+
+@pytest.mark.parametrize("name", POLICY_LOSSES.names())
+def test_policy_loss_rejects_an_advantage_of_the_wrong_shape(name):
+    logp, old_logp, _, mask = _batch()
+    with pytest.raises(ValueError, match=r"adv must be \[N\]"):
+        POLICY_LOSSES.get(name)(logp, old_logp, torch.zeros(4, 3, dtype=D), mask)
+
+
+def test_token_advantage_moves_only_its_token_under_a_token_ratio():
+    # grpo / cispo: token t's loss depends on token t's ratio only, so an advantage on one token gives a
+    # gradient on that token alone; gspo's sequence ratio spreads it over the sequence (1/|y_i| each).
+    logp, old_logp, _, mask = _batch()
+    adv = torch.zeros(logp.shape, dtype=D)
+    adv[0, 2] = 1.0
+    for name in ("grpo", "cispo"):
+        (g,) = torch.autograd.grad(POLICY_LOSSES.get(name)(logp, old_logp, adv, mask)[0].sum(), logp)
+        assert g[0, 2] != 0 and (g.flatten().ne(0).sum() == 1), name
+    (g,) = torch.autograd.grad(POLICY_LOSSES.get("gspo")(logp, old_logp, adv, mask, eps_low=0.5,
+                                                          eps_high=10.0)[0].sum(), logp)
+    assert (g[0, :5] != 0).all() and (g[1:] == 0).all()
 
 
 @pytest.mark.parametrize("name", [n for n in POLICY_LOSSES.names() if n.startswith("gspo")])

@@ -2,8 +2,13 @@
 
 Every policy loss has one signature::
 
-    fn(logp [N, T], old_logp [N, T], adv [N], mask [N, T], **hp) -> (per_token_loss [N, T], metrics)
+    fn(logp [N, T], old_logp [N, T], adv [N] or [N, T], mask [N, T], **hp) -> (per_token_loss [N, T], metrics)
 
+``adv`` is one advantage per sequence (``[N]``: GRPO, GSPO, RLOO ...) or one per token (``[N, T]``: PPO's
+GAE, arXiv 1506.02438). Every loss takes both through the same code: a sequence advantage is broadcast to
+the sequence's tokens (``[N, 1]``), a token advantage is used as it is, so no caller branches on an
+algorithm. For GSPO a token advantage multiplies the one sequence ratio s_i at each token (the form
+arXiv 2507.18071 Eq. 13 states for GSPO-token).
 ``per_token_loss`` is the NEGATIVE surrogate (we minimise it), zero at masked positions; how tokens are
 averaged is a separate choice (``grouprl.algo.aggregate``). ``metrics`` maps names to detached 0-dim
 tensors computed over the real tokens of the given batch:
@@ -67,15 +72,18 @@ def _check(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: 
             f"{who}: logp, old_logp and mask must all be [N, T]; got {tuple(logp.shape)}, "
             f"{tuple(old_logp.shape)}, {tuple(mask.shape)}"
         )
-    if adv.shape != logp.shape[:1]:
-        raise ValueError(f"{who}: adv must be [N] = [{logp.shape[0]}], got {tuple(adv.shape)}")
+    if adv.shape != logp.shape[:1] and adv.shape != logp.shape:
+        raise ValueError(f"{who}: adv must be [N] = [{logp.shape[0]}] (one per sequence) or [N, T] = "
+                         f"{list(logp.shape)} (one per token), got {tuple(adv.shape)}")
     m = mask.to(logp.dtype)
     # Zero both log-probs on padding (ratio 1 there) so garbage or inf in padded positions can never turn
     # into a NaN gradient through torch.where's unselected branch.
     zero = torch.zeros_like(logp)
     logp = torch.where(m > 0, logp, zero)
     old_logp = torch.where(m > 0, old_logp.to(logp.dtype), zero)
-    return logp, old_logp, adv.to(logp.dtype).unsqueeze(-1), m
+    a = adv.to(logp.dtype)
+    a = a.unsqueeze(-1) if a.dim() == 1 else torch.where(m > 0, a, torch.zeros_like(a))  # [N,1] or [N,T]
+    return logp, old_logp, a, m
 
 
 def _token_ratio(logp: torch.Tensor, old_logp: torch.Tensor) -> torch.Tensor:
@@ -93,7 +101,7 @@ def _masked_extreme(x: torch.Tensor, mask: torch.Tensor, largest: bool) -> torch
 def _ratio_metrics(
     ratio: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, eps_low: float, eps_high: float
 ) -> Metrics:
-    """Metrics of one ratio tensor ``[N, T]`` (``adv`` ``[N, 1]``) over the masked tokens; detached."""
+    """Metrics of one ratio tensor ``[N, T]`` (``adv`` ``[N, 1]`` or ``[N, T]``) over the masked tokens; detached."""
     with torch.no_grad():
         r = ratio.detach()
         low = ((r < 1.0 - eps_low) & (adv < 0)).to(r.dtype)
@@ -145,7 +153,7 @@ def grpo_loss(
 
     rho is exp of the log-ratio clamped to +-``LOG_RATIO_BOUND`` = 20 (module docstring).
 
-    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
+    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` or ``[N, T]`` -> ``(per_token_loss [N, T], metrics)``.
     Example: rho = 1.5, A = 1, eps = 0.2 -> objective min(1.5, 1.2) = 1.2, loss -1.2, zero gradient.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "grpo loss")
@@ -193,7 +201,7 @@ def gspo_loss(
     Defaults 3e-4 / 4e-4 are the paper's (Sec. 5.1). The sequence log-ratio is clamped to
     +-``SEQ_LOG_RATIO_BOUND`` = 10 before exp (module docstring).
 
-    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``;
+    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` or ``[N, T]`` -> ``(per_token_loss [N, T], metrics)``;
     metrics use s_i broadcast to the tokens.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "gspo loss")
@@ -224,7 +232,7 @@ def gspo_token_loss(
     sequence and ``seq_mean_token_mean`` aggregation it has the same value and gradient as ``gspo``.
     log s_{i,t} is clamped to +-``SEQ_LOG_RATIO_BOUND`` = 10 as ``gspo``'s log s_i is (no gradient beyond).
 
-    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
+    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` or ``[N, T]`` -> ``(per_token_loss [N, T], metrics)``.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "gspo_token loss")
     # log s_{i,t} = sg[log s_i] + logp - sg[logp], clamped as a whole: beyond the bound the token gets no
@@ -260,7 +268,7 @@ def cispo_loss(
     Here ``clip_frac*`` count tokens whose weight was clipped (any advantage sign). rho uses the
     log-ratio clamped to +-``LOG_RATIO_BOUND`` = 20 (module docstring).
 
-    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` -> ``(per_token_loss [N, T], metrics)``.
+    Shapes: ``logp, old_logp, mask [N, T]``, ``adv [N]`` or ``[N, T]`` -> ``(per_token_loss [N, T], metrics)``.
     """
     logp, old_logp, a, m = _check(logp, old_logp, adv, mask, "cispo loss")
     ratio = _token_ratio(logp, old_logp)

@@ -76,8 +76,9 @@ class GRPOConfig:
     # ---- algorithm ----------------------------------------------------------------------------
     algorithm: str | None = None
     """Preset: grpo (arXiv:2402.03300), gspo (arXiv:2507.18071), dr_grpo (arXiv:2503.20783), dapo
-    (arXiv:2503.14476), rloo (arXiv:2402.14740) or dpo (offline preference pairs, arXiv:2305.18290: the
-    ``dpo_*`` fields; no sampler, rewards or policy loss); ``None`` = grpo. A preset fills only the algorithm fields
+    (arXiv:2503.14476), rloo (arXiv:2402.14740), ppo (arXiv:1707.06347: a critic and GAE instead of groups;
+    the fields under "PPO (critic)") or dpo (offline preference pairs, arXiv:2305.18290: the ``dpo_*`` fields;
+    no sampler, rewards or policy loss); ``None`` = grpo. A preset fills only the algorithm fields
     the user left unset, and its clip range (epsilon, epsilon_high) applies only while its own policy_loss
     is used: choose another loss and that loss gets its own defaults. ``grouprl list`` shows each preset."""
     policy_loss: str | None = None
@@ -131,6 +132,37 @@ class GRPOConfig:
     """With dynamic_sampling=resample: extra generation rounds tried to fill the batch."""
     mask_truncated_completions: bool | None = None
     """Exclude completions that hit max_new_tokens without EOS from the loss."""
+
+    # ---- PPO (critic) ---------------------------------------------------------------------------
+    critic_model: str | None = None
+    """``algorithm: ppo`` only. Where the critic (value model) comes from: a hub id, local path or
+    ``builtin:<name>`` of a causal LM or of a saved critic, loaded as ``AutoModelForTokenClassification``
+    with one label (the backbone plus a scalar head). ``None`` = a copy of the policy's backbone with a
+    zero-initialised head, so every value starts at 0."""
+    critic_learning_rate: float | None = None
+    """AdamW learning rate of the critic (its own optimizer; the policy's schedule, warm-up and betas);
+    ``None`` = learning_rate."""
+    vf_coef: float = 0.1
+    """c1 of PPO's L = L_clip + c1 L_value (arXiv:1707.06347, Eq. 9): the weight of the clipped value loss.
+    The critic has its own optimizer, so this scales the critic's gradient before clipping (with AdamW it
+    matters mostly through max_grad_norm)."""
+    cliprange_value: float | None = 0.2
+    """Value clipping: the loss is 0.5 max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2) with V_old the
+    critic's value at rollout ("37 implementation details of PPO", detail 9); ``None`` = 0.5 (V - R)^2."""
+    gamma: float = 1.0
+    """GAE discount per token (arXiv:1506.02438, Eq. 16); 1.0 (undiscounted) is usual for language models,
+    whose reward comes once at the end."""
+    lam: float = 0.95
+    """GAE lambda (arXiv:1506.02438, Eq. 16): 0 = one-step TD (leans on the critic), 1 = Monte Carlo return
+    minus the value (no bias from the critic, more variance)."""
+    whiten_advantages: bool = True
+    """Whiten the round's token advantages (subtract the mean, divide by the std over every real token of
+    the round), as PPO implementations do; the returns the critic regresses on are not whitened."""
+    kl_mode: str = "reward"
+    """How kl_coef enters PPO. ``reward``: a per-token reward r_t = -kl_coef * KL_t (the kl_estimator's value
+    between the rollout policy and the reference), plus the sequence reward at its last token (InstructGPT,
+    arXiv:2203.02155, Eq. 2); GAE then spreads both. ``loss``: kl_coef * KL as a loss term next to the
+    clipped surrogate, as GRPO does (arXiv:2402.03300, Eq. 3)."""
 
     # ---- batch and optimisation ---------------------------------------------------------------
     num_generations: int = 8

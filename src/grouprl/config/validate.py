@@ -20,6 +20,7 @@ CHOICES = {
     "save_strategy": ("steps", "epoch", "no"),
     "device": ("auto", "cpu", "cuda", "mps"),
     "missing_reward": ("exclude", "zero"),
+    "kl_mode": ("reward", "loss"),
     "truncation": ("left", "error"),
     "apply_chat_template": ("auto", "always", "never"),
     "dpo_loss": ("sigmoid", "ipo"),
@@ -45,6 +46,7 @@ def validate(cfg: Any) -> None:
     check_batch(cfg)
     check_ranges(cfg)
     check_consistency(cfg)
+    check_ppo(cfg)
     warn_k1(cfg)
 
 
@@ -85,9 +87,10 @@ def check_batch(cfg: Any) -> None:
     if cfg.algorithm == "dpo":  # offline: per_device_train_batch_size counts preference pairs, no groups
         return check_dpo(cfg)
     G = cfg.num_generations
-    if G < 2:
-        raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs "
-                          f"at least 2 (8 is a good start).")
+    if G < 2 and cfg.algorithm != "ppo":
+        raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs at least "
+                          f"2 (8 is a good start), as every group algorithm does (algorithm={cfg.algorithm!r}). "
+                          f"algorithm: ppo needs no groups (its baseline is a critic's value) and accepts 1.")
     if cfg.steps_per_generation is not None and cfg.steps_per_generation < 1:
         raise ConfigError(f"steps_per_generation={cfg.steps_per_generation} must be >= 1 (or null).")
     spg, ga = cfg.effective_steps_per_generation, cfg.gradient_accumulation_steps
@@ -194,6 +197,41 @@ def check_consistency(cfg: Any) -> None:
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.reward_funcs):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
                           f"{len(cfg.reward_funcs)}: give one weight per reward function.")
+
+
+PPO_FIELDS = ("critic_model", "critic_learning_rate", "vf_coef", "cliprange_value", "gamma", "lam",
+              "whiten_advantages", "kl_mode")
+"""Fields read only by ``algorithm: ppo`` (grouprl.train.ppo)."""
+
+
+def check_ppo(cfg: Any) -> None:
+    """PPO's own fields: in range, set only with ``algorithm: ppo``, and no group-baseline options with it."""
+    explicit = cfg.explicit_fields
+    defaults = {f.name: f.default for f in fields(cfg)}
+    if cfg.algorithm != "ppo":  # a saved config sets every field: only a value other than the default counts
+        stray = [f for f in PPO_FIELDS if f in explicit and getattr(cfg, f) != defaults[f]]
+        if stray:
+            raise ConfigError(f"{', '.join(stray)} set with algorithm={cfg.algorithm!r}: only algorithm: ppo has "
+                              f"a critic, so they would be ignored. Fix: set algorithm: ppo, or remove them.")
+        return
+    _range(cfg, "gamma", 0.0, 1.0)
+    _range(cfg, "lam", 0.0, 1.0)
+    _range(cfg, "vf_coef", 0.0, None, open_low=True)
+    _range(cfg, "cliprange_value", 0.0, None, open_low=True, fix="0.2 is usual; null = no value clipping")
+    _range(cfg, "critic_learning_rate", 0.0, None, open_low=True)
+    nominal = {"advantage": "grpo", "advantage_kwargs": {}, "scale_rewards": defaults["scale_rewards"]}
+    unused = [f for f, v in nominal.items() if f in explicit and getattr(cfg, f) != v]
+    if unused:
+        raise ConfigError(f"{', '.join(unused)} set with algorithm: ppo: PPO's advantages come from GAE over the "
+                          f"critic's values (gamma, lam, whiten_advantages), not from a group estimator. "
+                          f"Fix: remove {', '.join(unused)}.")
+    if cfg.dynamic_sampling != "none":
+        raise ConfigError(f"dynamic_sampling={cfg.dynamic_sampling!r} with algorithm: ppo: dynamic sampling "
+                          f"drops groups whose rewards all agree, which only a group baseline needs. Fix: "
+                          f"dynamic_sampling: none.")
+    if cfg.use_peft:
+        raise ConfigError("use_peft with algorithm: ppo: the critic is a full copy of the backbone and a LoRA "
+                          "critic is not implemented. Fix: use_peft: false (or use a group algorithm with LoRA).")
 
 
 def check_rollout_engine(cfg: Any) -> None:

@@ -64,6 +64,11 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
           eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
     (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
+    if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.ppo
+        from grouprl.train.ppo import train_ppo
+
+        return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
+                         agent=agent)
     load_builtins()
     ranks = dist.current()  # rank / world size (accelerate launch); every hook is a no-op in one process
     dist.check_config(cfg, ranks.world)
