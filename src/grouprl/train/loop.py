@@ -80,9 +80,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
     autocast = autocast_factory(cfg.bf16, device)
     reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
-    fns = cfg.resolved()  # the exact functions and hyper-parameters the config names (no silent overrides)
-    spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
-                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg))
+    spec = loss_spec(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
                            vllm_options=vllm_options(cfg))
@@ -94,15 +92,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         enable_checkpointing(model)
     model.train()
 
-    saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
-    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
-    if resume_path is not None:  # weights, optimizer, schedule, RNG, data position, unfinished round
-        saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
-        ranks.restore_rank_state(saved, cfg.seed)  # this rank's RNG and unfinished round (same world size)
-        stream.load_state(saved["data"])
-        if ranks.is_main:
-            ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
-        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
+    resume_path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
@@ -166,6 +156,29 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "tensorboard_dir": str(logger.tb_dir) if logger.tb_dir else None,
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+
+
+def loss_spec(cfg: GRPOConfig) -> LossSpec:
+    """The exact functions and hyper-parameters the config names (``cfg.resolved()``: no silent overrides)."""
+    fns = cfg.resolved()
+    return LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
+                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg))
+
+
+def restore(cfg: GRPOConfig, resume: Any, model: Any, optimizer: Any, scheduler: Any, stream: PromptStream,
+            ranks: Any) -> tuple[Any, dict[str, Any]]:
+    """``(checkpoint path or None, saved state)``: weights, optimizer, schedule, RNG, data position and the
+    unfinished round of the checkpoint to resume from; the logs cut back to what it covers."""
+    saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
+    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
+    if resume_path is not None:
+        saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
+        ranks.restore_rank_state(saved, cfg.seed)  # this rank's RNG and unfinished round (same world size)
+        stream.load_state(saved["data"])
+        if ranks.is_main:
+            ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))  # what the checkpoint covers
+        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
+    return resume_path, saved
 
 
 def plan_steps(cfg: GRPOConfig, num_rows: int, *, world: int = 1) -> tuple[int, int, int]:
