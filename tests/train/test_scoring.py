@@ -171,3 +171,28 @@ def test_a_reward_can_log_its_own_metric_with_log_metric():
     scorer = RewardScorer([silent])
     scorer.score(["p"], ["a"], {})
     assert scorer.last_metrics == {}
+
+
+def test_round_metrics_carry_each_weighted_component(tiny_model_dir, tmp_path):
+    """The run report plots each reward component raw and weighted (its share of the total)."""
+    import json
+
+    from grouprl import GRPOConfig, GRPOTrainer
+
+    def one(completions, **kw):
+        return [1.0] * len(completions)
+
+    def half(completions, **kw):
+        return [0.5] * len(completions)
+
+    cfg = GRPOConfig(output_dir=str(tmp_path / "o"), num_generations=2, per_device_train_batch_size=4,
+                     max_new_tokens=4, max_steps=1, reward_funcs=[one, half], reward_weights=[2.0, 0.5],
+                     eval_split=None,
+                     progress_bar=False, report_to="none")
+    rows = [{"prompt": f"{i} + 1 =", "answer": str(i + 1)} for i in range(4)]
+    from datasets import Dataset
+
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=Dataset.from_list(rows)).train()
+    record = [json.loads(line) for line in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()][0]
+    assert record["rewards/one/weighted_mean"] == 2.0 and record["rewards/half/weighted_mean"] == 0.25
+    assert record["reward"] == 2.25

@@ -148,6 +148,8 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     if first.trajectories is not None:  # tools/*, turns/mean, end_reason/*, tokens/*, rewards/env/mean
         metrics.update(agent_metrics(first.trajectories))
     metrics.update(logged_by_rewards)
+    for name, weight in zip(ctx.scorer.names, ctx.scorer.weights):  # each component's share of the total
+        metrics[f"rewards/{name}/weighted_mean"] = weight * metrics[f"rewards/{name}/mean"]
     metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
                     "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float().mean())})
     mbs = micro_batches(ctx, batch, timers)
