@@ -114,12 +114,11 @@ WARMSTARTS: dict[str, WarmStart] = {
 
 
 def default_cache_dir() -> Path:
-    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl``."""
-    if os.environ.get("GROUPRL_CACHE"):
-        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "grouprl"
+    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl`` (one rule for every
+    cache of grouprl: :func:`grouprl.data.prefs.cache_root`)."""
+    from grouprl.data.prefs import cache_root
+
+    return cache_root()
 
 
 def get_warmstart(name: str) -> WarmStart:

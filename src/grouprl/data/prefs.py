@@ -143,7 +143,8 @@ def pairs_from_samples(rows: list[dict], samples: list[list[str]], rewards: list
 
 
 def cache_root() -> Path:
-    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl`` (as the warm starts)."""
+    """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl`` (an absolute one, as the XDG spec says), else
+    ``~/.cache/grouprl``: where every cache of grouprl lives (warm-started models, preference pairs)."""
     if os.environ.get("GROUPRL_CACHE"):
         return Path(os.environ["GROUPRL_CACHE"]).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")

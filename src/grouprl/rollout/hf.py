@@ -64,6 +64,19 @@ def use_lean_sampler(choice: bool | None, device_type: str) -> bool:
     return choice if choice is not None else device_type == "cpu"
 
 
+def tokenize_left(tok: Any, prompts: list[str], max_prompt_length: int | None):
+    """Left-padded prompt ids and mask, cut from the left at ``max_prompt_length`` (the prompt's end, next to
+    the completion, is what matters)."""
+    old_side, old_trunc = tok.padding_side, getattr(tok, "truncation_side", "left")
+    tok.padding_side, tok.truncation_side = "left", "left"
+    try:
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
+                  truncation=max_prompt_length is not None, max_length=max_prompt_length)
+    finally:
+        tok.padding_side, tok.truncation_side = old_side, old_trunc
+    return enc["input_ids"], enc["attention_mask"]
+
+
 class TransformersBackend:
     """``generate(prompts, n, params)`` with the training model itself (no weight copy to sync).
 
@@ -83,15 +96,7 @@ class TransformersBackend:
         self.model = model
 
     def tokenize_prompts(self, prompts: list[str], max_prompt_length: int | None):
-        tok = self.tokenizer
-        old_side, old_trunc = tok.padding_side, getattr(tok, "truncation_side", "left")
-        tok.padding_side, tok.truncation_side = "left", "left"
-        try:
-            enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
-                      truncation=max_prompt_length is not None, max_length=max_prompt_length)
-        finally:
-            tok.padding_side, tok.truncation_side = old_side, old_trunc
-        return enc["input_ids"], enc["attention_mask"]
+        return tokenize_left(self.tokenizer, prompts, max_prompt_length)
 
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout:
         import torch

@@ -32,7 +32,7 @@ from typing import Any
 
 from grouprl.errors import ConfigError, GroupRLError
 from grouprl.rollout.base import Rollout, SamplingParams
-from grouprl.rollout.hf import completion_mask_from_ids, eos_token_ids
+from grouprl.rollout.hf import completion_mask_from_ids, eos_token_ids, tokenize_left
 
 INSTALL_HINT = "pip install 'grouprl[vllm]'"
 WEIGHT_CHUNK_BYTES = 256 * 2**20  # one /update_weights request carries at most this many bytes of tensors
@@ -302,7 +302,7 @@ class VLLMBackend:
 
         if not self._synced:  # the engine loaded the weights on disk; the trainer's may differ (a resume)
             self.sync_weights(self.model)
-        ids, mask = _tokenize(self.tokenizer, prompts, params.max_prompt_length)
+        ids, mask = tokenize_left(self.tokenizer, prompts, params.max_prompt_length)
         prompt_lists = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         results = self.engine.generate(prompt_lists, n, params, self.eos_ids)
         rows = [c for per_prompt in results for c in per_prompt]
@@ -329,14 +329,3 @@ class VLLMBackend:
         return Rollout(prompt_ids, prompt_mask, completion_ids, completion_mask, truncated, texts,
                        [p for p in prompts for _ in range(n)], rollout_logp=rollout_logp)
 
-
-def _tokenize(tok: Any, prompts: list[str], max_prompt_length: int | None):
-    """Left-padded prompt ids and mask, cut from the left at ``max_prompt_length`` (as the transformers backend)."""
-    old_side, old_trunc = tok.padding_side, getattr(tok, "truncation_side", "left")
-    tok.padding_side, tok.truncation_side = "left", "left"
-    try:
-        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False,
-                  truncation=max_prompt_length is not None, max_length=max_prompt_length)
-    finally:
-        tok.padding_side, tok.truncation_side = old_side, old_trunc
-    return enc["input_ids"], enc["attention_mask"]
