@@ -7,7 +7,7 @@ import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a model with GRPO / GSPO from a YAML recipe",
+    p = sub.add_parser("train", help="train a model from a YAML recipe (GRPO, GSPO, DAPO, PPO, DPO, tool-using agents)",
                        description="Train with a YAML recipe; `key=value` overrides any field (dotted keys nest, "
                                    "e.g. reward_kwargs.accuracy.task_type=math).")
     p.add_argument("-c", "--config", help="YAML recipe (fields of GRPOConfig)")
