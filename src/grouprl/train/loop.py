@@ -70,16 +70,9 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
                          agent=agent)
     load_builtins()
-    ranks = dist.current()  # rank / world size (accelerate launch); every hook is a no-op in one process
-    dist.check_config(cfg, ranks.world)
-    ranks.announce(cfg)  # rank 0: "2 processes; global batch ..."
-    ranks.broadcast_parameters(model)  # one starting point on every rank
-    ranks.seed_rank(cfg.seed)  # different samples on every rank
+    ranks = join_ranks(cfg, model)  # rank / world size (accelerate launch); no-ops in one process
     agent = agent if agent is not None else build_agent(cfg)
-    device = next(model.parameters()).device
-    upcast_trainable(model)  # fp32 master weights: a bf16 weight loses an lr=1e-6 update to rounding
-    autocast = autocast_factory(cfg.bf16, device)
-    reference = Reference(model) if cfg.kl_coef > 0 else None  # before any update or resume: pi_ref = start
+    autocast, reference = prepare_model(cfg, model)  # fp32 master weights; pi_ref = the starting policy
     spec = loss_spec(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
@@ -88,9 +81,6 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
-    if cfg.gradient_checkpointing:
-        enable_checkpointing(model)
-    model.train()
 
     resume_path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
@@ -156,6 +146,30 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "tensorboard_dir": str(logger.tb_dir) if logger.tb_dir else None,
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+
+
+def join_ranks(cfg: GRPOConfig, model: Any) -> Any:
+    """This process's place among the ranks (``train/dist.py``): config checked for the world size, the
+    global batch announced by rank 0, rank 0's weights everywhere, a different sampling seed per rank."""
+    ranks = dist.current()
+    dist.check_config(cfg, ranks.world)
+    ranks.announce(cfg)
+    ranks.broadcast_parameters(model)
+    ranks.seed_rank(cfg.seed)
+    return ranks
+
+
+def prepare_model(cfg: GRPOConfig, model: Any) -> tuple[Any, Reference | None]:
+    """``(autocast, reference)``: fp32 master weights (a bf16 weight loses an lr=1e-6 update to rounding),
+    the autocast context, the frozen reference (only when kl_coef > 0: pi_ref = the policy before any update
+    or resume), activation checkpointing, train mode."""
+    upcast_trainable(model)
+    autocast = autocast_factory(cfg.bf16, next(model.parameters()).device)
+    reference = Reference(model) if cfg.kl_coef > 0 else None
+    if cfg.gradient_checkpointing:
+        enable_checkpointing(model)
+    model.train()
+    return autocast, reference
 
 
 def loss_spec(cfg: GRPOConfig) -> LossSpec:
