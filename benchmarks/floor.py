@@ -14,6 +14,9 @@ completion exactly ``max_new_tokens`` long), a child process with nothing but th
   per-sequence loop;
 - ``ref_logp``: the same forward under ``torch.inference_mode`` (no grad).
 
+Each phase is timed ``--repeats`` times after one warm-up (median); the floor child and the grouprl run
+alternate ``--repeats`` times and the medians over them are reported.
+
 A second child runs grouprl's trainer exactly as ``vs_trl.py`` does (``_grouprl_side.run_grouprl``) and
 reads its own timers (``time/generate``, ``time/policy_fwd_bwd``, ``time/ref_forward``, median steady
 step). The JSON gives, per size, both in seconds and ``ratio`` = grouprl / floor.
@@ -228,14 +231,16 @@ def run_size(name: str, repeats: int, steps: int, threads: int, tmp: Path, log=p
     model_dir = str(make_model(tmp / name, hidden, layers, vocab))
     w = replace(GRPO, max_new_tokens=tokens, steps=steps, warmup_steps=1, threads=threads)
     spec = {"workload": workload_dict(w), "model_dir": model_dir, "repeats": repeats}
-    log(f"[floor] {name}: plain PyTorch")
-    floor = run_child(SCRIPT, "floor", spec)
-    if not floor.get("ok"):
-        return {"ok": False, "error": floor.get("log_tail", "")[-1500:]}
-    runs = []
-    for i in range(repeats):
-        log(f"[floor] {name}: grouprl run {i + 1}/{repeats}")
+    floors, runs = [], []
+    for i in range(repeats):  # interleaved, so that a spike of load on the shared machine hits both sides
+        log(f"[floor] {name}: plain PyTorch {i + 1}/{repeats}, then grouprl")
+        floors.append(run_child(SCRIPT, "floor", spec))
         runs.append(run_child(SCRIPT, "grouprl", spec))
+    ok = [f for f in floors if f.get("ok")]
+    if not ok:
+        return {"ok": False, "error": floors[0].get("log_tail", "")[-1500:]}
+    floor = {**ok[0], "floor_s": {k: statistics.median(f["floor_s"][k] for f in ok) for k in PHASES},
+             "floor_s_all": [f["floor_s"] for f in ok]}
     res = compare(floor, runs)
     res.update(ok=all(r.get("ok") for r in runs), model={"hidden_size": hidden, "num_layers": layers,
                "vocab": floor["vocab"], "parameters": floor["parameters"]},
