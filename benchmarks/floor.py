@@ -84,6 +84,21 @@ def _median_time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _decode_rest(model: Any, past: Any, token: Any, mask: Any, last: Any, steps: int) -> list:
+    """``steps`` more greedy tokens after ``token``, one forward each through the KV cache ``past``."""
+    import torch
+
+    tokens = []
+    for _ in range(steps):
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        last = last + 1
+        out = model(input_ids=token, attention_mask=mask, position_ids=last, past_key_values=past,
+                    use_cache=True, logits_to_keep=1)
+        past, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(token)
+    return tokens
+
+
 def decode_loop(model: Any, ids: Any, mask: Any, steps: int) -> Any:
     """Greedy KV-cache decode of exactly ``steps`` tokens; returns ``[N, P + steps]`` token ids."""
     import torch
@@ -93,13 +108,7 @@ def decode_loop(model: Any, ids: Any, mask: Any, steps: int) -> Any:
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         past, tokens = out.past_key_values, [out.logits[:, -1].argmax(-1, keepdim=True)]
         last = pos[:, -1:]
-        for _ in range(steps - 1):
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            last = last + 1
-            out = model(input_ids=tokens[-1], attention_mask=mask, position_ids=last, past_key_values=past,
-                        use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
-            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        tokens += _decode_rest(model, past, tokens[0], mask, last, steps - 1)
     return torch.cat([ids, *tokens], dim=1)
 
 
@@ -115,13 +124,7 @@ def decode_shared_prefix(model: Any, ids: Any, mask: Any, steps: int, group: int
         past.batch_repeat_interleave(group)
         tokens = [out.logits[:, -1].argmax(-1, keepdim=True).repeat_interleave(group, 0)]
         last = pos[:, -1:].repeat_interleave(group, 0)
-        for _ in range(steps - 1):
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            last = last + 1
-            out = model(input_ids=tokens[-1], attention_mask=mask, position_ids=last, past_key_values=past,
-                        use_cache=True, logits_to_keep=1)
-            past = out.past_key_values
-            tokens.append(out.logits[:, -1].argmax(-1, keepdim=True))
+        tokens += _decode_rest(model, past, tokens[0], mask, last, steps - 1)
     return torch.cat([ids, *tokens], dim=1)
 
 

@@ -40,9 +40,7 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -143,20 +141,13 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
     target = root / "warmstart" / f"{name}-{spec.digest()}"
     if (target / INFO_FILE).exists():
         return str(target)
-    root.joinpath("warmstart").mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root / "warmstart"))
-    try:
+    from grouprl.data.prefs import building
+
+    with building(target, INFO_FILE) as tmp:
         tmp.chmod(0o755)
         print(f"grouprl: building builtin:{name} (tiny Qwen2 + {spec.sft_steps} SFT steps, once; cached in {target})",
               file=sys.stderr, flush=True)
         build_warmstart(spec, tmp, name=name)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first: keep its copy
-            if not (target / INFO_FILE).exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return str(target)
 
 

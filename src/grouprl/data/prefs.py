@@ -16,6 +16,7 @@ samples and this module turns them into pairs and caches the result under
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -158,6 +159,24 @@ def cache_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def building(target: Path, marker: str):
+    """Build a cache folder atomically: yields a temporary folder next to ``target``, renamed to ``target``
+    when the block ends (the ``marker`` file, written last, says it is complete). When another process
+    published ``target`` first, its copy is kept; the temporary folder is always removed."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        yield tmp
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first: keep its copy
+            if not (target / marker).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def cache_dir_for(name: str, settings: dict[str, Any], cache_dir: str | os.PathLike | None = None) -> Path:
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     return root / "prefs" / f"{name}-{cache_key(settings)}"
@@ -175,18 +194,9 @@ def load_cached(path: Path) -> tuple[list[dict], dict[str, Any]] | None:
 
 def save_cached(path: Path, pairs: list[dict], meta: dict[str, Any]) -> Path:
     """Write ``pairs.jsonl`` and ``meta.json`` into ``path`` atomically (a temporary folder, then renamed)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}-", dir=path.parent))
-    try:
+    with building(path, META_FILE) as tmp:
         with (tmp / PAIRS_FILE).open("w", encoding="utf-8") as f:
             for pair in pairs:
                 f.write(json.dumps(pair) + "\n")
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")  # written last: marks it complete
-        try:
-            tmp.rename(path)
-        except OSError:  # another process finished first: keep its copy
-            if not (path / META_FILE).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return path
