@@ -11,6 +11,14 @@
   this module is then only an HTTP client (no vllm package needed on the trainer's side) that sends token
   ids and receives ids and log-probs, and pushes weights as safetensors bytes.
 
+On N processes (``accelerate launch``): in colocate mode every rank runs its own engine on its own GPU
+(vLLM's ``external_launcher`` reads the launcher's ``RANK`` / ``WORLD_SIZE``, as in TRL), samples with the
+seed ``sampling_seed + rank``, generates for its own share of the prompts and takes the weights once per
+generation round. In server mode there is one engine for every rank, and rank 0 alone talks to it, as
+TRL's server mode does: only rank 0 connects and pushes the weights (once per round), and the trainer
+(``grouprl.train.round.generate``) gathers every rank's prompts to rank 0, which generates them in one
+request, then hands each rank its rows (``shared_engine = True`` asks for that).
+
 Weights go in through the engine's own loader, ``model.load_weights([(name, tensor), ...])`` (the call vLLM's
 model classes implement for checkpoints), once per generation round: the loop calls :meth:`VLLMBackend.
 sync_weights` before each round and before each evaluation. The engine's log-probs are of the sampling
@@ -266,33 +274,39 @@ class VLLMBackend:
 
     ``mode``: ``colocate`` (a vLLM engine here) or ``server`` (``server_url``); the other arguments are the
     ``vllm_*`` config fields (see :func:`options_from`). ``engine``: an object with ``generate`` and
-    ``load_weights`` used instead of building one (tests).
+    ``load_weights`` used instead of building one (tests). ``rank``: this process's rank (``None``: the
+    launcher's ``RANK``, 0 alone); in server mode only rank 0 has an engine (``shared_engine``).
     """
 
     def __init__(self, model: Any, tokenizer: Any, *, mode: str = "colocate", server_url: str = "http://127.0.0.1:8000",
                  timeout: float = 300.0, gpu_memory_utilization: float = 0.3, sleep: bool = True,
                  max_model_len: int | None = None, engine_kwargs: dict | None = None, sampling_seed: int = 0,
-                 engine: Any = None) -> None:
+                 engine: Any = None, rank: int | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.rank = int(os.environ.get("RANK", "0")) if rank is None else int(rank)
+        self.shared_engine = mode == "server"  # one engine for every rank: rank 0 generates for all of them
         self.weight_syncs = 0  # sync_weights calls that pushed weights (one per generation round)
         self._synced = False
+        if mode not in ("colocate", "server"):
+            raise ConfigError(f"vllm_mode={mode!r} must be 'colocate' or 'server'.")
         if engine is not None:
             self.engine = engine
-        elif mode == "colocate":
+        elif mode == "colocate":  # one engine per rank, each sampling its own stream (rank 0: the seed itself)
             self.engine = ColocatedEngine(_model_path(model), gpu_memory_utilization=gpu_memory_utilization,
-                                          sleep=sleep, max_model_len=max_model_len, sampling_seed=sampling_seed,
-                                          engine_kwargs=engine_kwargs)
-        elif mode == "server":
-            self.engine = ServerEngine(server_url, timeout)
+                                          sleep=sleep, max_model_len=max_model_len,
+                                          sampling_seed=sampling_seed + self.rank, engine_kwargs=engine_kwargs)
         else:
-            raise ConfigError(f"vllm_mode={mode!r} must be 'colocate' or 'server'.")
+            self.engine = ServerEngine(server_url, timeout) if self.rank == 0 else None
 
     def sync_weights(self, model: Any) -> None:
-        """Push ``model``'s current weights into the engine (the loop calls this once per generation round)."""
+        """Push ``model``'s current weights into the engine (the loop calls this once per generation round);
+        in server mode on a rank > 0 there is nothing to push: rank 0 pushes the (replicated) weights."""
         self.model = model
+        if self.engine is None:
+            return
         self.engine.load_weights(named_weights(model))
         self.weight_syncs += 1
         self._synced = True
@@ -300,6 +314,9 @@ class VLLMBackend:
     def generate(self, prompts: list[str], n: int, params: SamplingParams) -> Rollout:
         import torch
 
+        if self.engine is None:
+            raise EngineError(f"rank {self.rank} has no vLLM engine: in vllm_mode=server rank 0 generates for every "
+                              f"rank (grouprl.train.round.generate).")
         if not self._synced:  # the engine loaded the weights on disk; the trainer's may differ (a resume)
             self.sync_weights(self.model)
         ids, mask = tokenize_left(self.tokenizer, prompts, params.max_prompt_length)

@@ -322,13 +322,9 @@ class NullLogger:
 
 
 def check_config(cfg: Any, world: int) -> None:
-    """What N processes cannot run, named before any model loads."""
-    if world > 1 and cfg.dynamic_sampling == "resample":
-        raise ConfigError(f"dynamic_sampling='resample' with {world} processes: ranks would draw different "
-                          f"numbers of extra prompts. Fix: dynamic_sampling=drop (or none), or one process.")
-    if world > 1 and cfg.rollout_backend == "vllm":  # one engine per rank, weight pushes per rank: untested
-        raise ConfigError(f"rollout_backend='vllm' with {world} processes is not supported yet. Fix: "
-                          f"rollout_backend=transformers on several processes, or vllm on one process.")
+    """What N processes cannot run, named before any model loads. Nothing at present: dynamic sampling
+    (``drop``, ``resample``: ranks draw extra prompts in lock-step, ``train.round``) and
+    ``rollout_backend: vllm`` (an engine per rank, or one server that rank 0 drives) run on N processes."""
 
 
 def _to_cpu(obj: Any) -> Any:

@@ -5,6 +5,14 @@ Dynamic sampling follows DAPO (arXiv:2503.14476, Sec. 3.2): groups whose rewards
 learning signal under a group-relative advantage; ``drop`` removes them, ``resample`` draws more prompts
 until the batch holds B informative groups (or ``max_resample_rounds`` runs out).
 
+On N processes (``train.dist``) every rank fills its own B groups and the ranks stay in lock-step: while
+ANY rank is short, EVERY rank draws the next global batch of the prompt stream (so the data position is
+the same everywhere and stays global in checkpoints); a rank that is already full skips generating for its
+share, as one process discards the informative groups beyond B. Under ``drop`` a rank may keep fewer
+groups than another, or none: it then trains on nothing and still joins every collective (its gradient
+counts as zero in the sum). Only when NO rank keeps a group does every rank train on its whole batch (its
+advantages are all 0), as one process does.
+
 Shapes: B prompts, G completions each, N = B*G rows, T completion tokens.
 """
 
@@ -97,7 +105,7 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
         texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
                  for r in rows]
         with ctx.autocast():
-            rollout = ctx.backend.generate(texts, G, params)
+            rollout = generate(ctx.backend, texts, G, params)
     with timers("reward"):
         expanded = [r for r in rows for _ in range(G)]
         prompts = [r[cfg.prompt_column] for r in expanded]
@@ -130,6 +138,33 @@ def _sample_and_score_agent(ctx: RunContext, rows: list[dict], params: SamplingP
     return Scored(rollout, rewards, components, prompts, columns, rollout.trajectories)
 
 
+def generate(backend: Any, texts: list[str], n: int, params: SamplingParams) -> Rollout:
+    """``backend.generate`` for this rank's prompts. A backend with ``shared_engine = True`` (a vLLM server:
+    one engine for every rank) is driven by rank 0 alone, as TRL's server mode does: rank 0 gathers every
+    rank's prompts, generates them in one request, and each rank takes its own rows (its prompts' groups)."""
+    ranks = dist.current()
+    if not (ranks.enabled and getattr(backend, "shared_engine", False)):
+        return backend.generate(texts, n, params)
+    shares = ranks.all_gather(list(texts))
+
+    def on_rank_0() -> list[Rollout]:
+        everything = backend.generate([t for share in shares for t in share], n, params)
+        bounds = np.cumsum([0] + [len(share) * n for share in shares]).tolist()
+        return [_rollout_to(everything.select(list(range(a, b))), "cpu") for a, b in zip(bounds, bounds[1:])]
+
+    mine = ranks.on_main(on_rank_0)[ranks.rank]  # CPU tensors through the object collective
+    model = getattr(backend, "model", None)
+    return _rollout_to(mine, next(model.parameters()).device if model is not None else "cpu")
+
+
+def _rollout_to(rollout: Rollout, device: Any) -> Rollout:
+    """``rollout`` with its tensors on ``device``."""
+    from dataclasses import fields, replace
+
+    return replace(rollout, **{f.name: getattr(rollout, f.name).to(device) for f in fields(rollout)
+                               if isinstance(getattr(rollout, f.name), torch.Tensor)})
+
+
 def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None) -> torch.Tensor:
     """[B] bool: groups without learning signal, by ``grouprl.algo.zero_std_groups`` -- the very test
     ``grpo`` uses to zero a group -- with the ``eps`` / ``std`` the advantage estimator was given."""
@@ -143,15 +178,21 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     logged_by_rewards = dict(ctx.scorer.last_metrics)  # what the rewards logged with log_metric (judge/agreement)
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
     batch = assemble(ctx, parts, keep)
-    metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout, batch.adv,
+    empty = len(batch.adv) == 0  # this rank kept no group: its advantage statistics are NaN (ignored over ranks)
+    metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout,
+                            batch.adv if not empty else torch.zeros(1),
                             zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs))
+    if empty:
+        metrics.update({k: float("nan") for k in metrics if k.startswith("advantage/")})
     if first.trajectories is not None:  # tools/*, turns/mean, end_reason/*, tokens/*, rewards/env/mean
         metrics.update(agent_metrics(first.trajectories))
     metrics.update(logged_by_rewards)
     for name, weight in zip(ctx.scorer.names, ctx.scorer.weights):  # each component's share of the total
         metrics[f"rewards/{name}/weighted_mean"] = weight * metrics[f"rewards/{name}/mean"]
-    metrics.update({"dynamic/kept_groups": float(len(keep)), "dynamic/extra_rounds": float(extra_rounds),
-                    "dynamic/frac_zero_std_kept": float(zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float().mean())})
+    kept = sum(dist.current().all_gather(len(keep)))  # the global count (the same on every rank)
+    zero_kept = zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float()
+    metrics.update({"dynamic/kept_groups": float(kept), "dynamic/extra_rounds": float(extra_rounds),
+                    "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan")})
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, batch.adv,
                             ctx.cfg.num_completions_to_log, ctx.tokenizer)
@@ -159,23 +200,32 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
 
 
 def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
-                  first: Scored) -> tuple[list[Scored], list[tuple[int, int]], int]:
-    """Dynamic sampling: the sampled parts, the (part, group) pairs kept, and the extra rounds drawn."""
-    cfg = ctx.cfg
-    parts, zero = [first], zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs)
+                  first: Scored) -> tuple[list[Scored | None], list[tuple[int, int]], int]:
+    """Dynamic sampling: the sampled parts (``None``: a part this rank did not generate, being full), the
+    (part, group) pairs kept, and the extra rounds drawn (the same on every rank)."""
+    cfg, ranks = ctx.cfg, dist.current()
+    parts: list[Scored | None] = [first]
     B = first.rewards.shape[0]
-    keep = [(0, b) for b in range(B) if not zero[b]] if cfg.dynamic_sampling != "none" else [(0, b) for b in range(B)]
+    keep = [(0, b) for b in range(B)]
+    if cfg.dynamic_sampling != "none":
+        keep = [(0, b) for b, zero in enumerate(zero_std_groups(first.rewards, cfg.advantage_kwargs)) if not zero]
     rounds = 0
-    while cfg.dynamic_sampling == "resample" and len(keep) < B and rounds < cfg.max_resample_rounds:
-        rounds += 1  # DAPO (arXiv:2503.14476, Sec. 3.2): over-sample until the batch holds informative groups
-        extra = sample_and_score(ctx, stream.next(), timers)
+    # DAPO (arXiv:2503.14476, Sec. 3.2): over-sample until the batch holds informative groups. Every rank
+    # draws while any rank is short (lock-step on the global prompt stream); a full rank does not generate.
+    while (cfg.dynamic_sampling == "resample" and rounds < cfg.max_resample_rounds
+           and ranks.any_true(len(keep) < B)):
+        rounds += 1
+        idx = stream.next()
+        extra = sample_and_score(ctx, idx, timers) if len(keep) < B else None
         parts.append(extra)
-        keep += [(len(parts) - 1, b) for b in range(B) if not zero_std_groups(extra.rewards, ctx.cfg.advantage_kwargs)[b]]
+        if extra is not None:
+            zero = zero_std_groups(extra.rewards, cfg.advantage_kwargs)
+            keep += [(len(parts) - 1, b) for b in range(B) if not zero[b]]
     if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
-        keep += [(p, b) for p, s in enumerate(parts) for b in range(B) if (p, b) not in keep][:B - len(keep)]
+        keep += [(p, b) for p, s in enumerate(parts) if s is not None for b in range(B) if (p, b) not in keep][:B - len(keep)]
     keep = keep[:B]
-    if not keep:  # 'drop' removed every group: keep the batch (its advantages are all 0 anyway)
-        keep = [(0, b) for b in range(B)]
+    if sum(ranks.all_gather(len(keep))) == 0:  # 'drop' removed every group of every rank: keep the batch
+        keep = [(0, b) for b in range(B)]  # (its advantages are all 0 anyway), as one process does
     return parts, keep, rounds
 
 
@@ -183,8 +233,13 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     """The kept groups as one batch; advantages per sampled part, so ``scale='group'`` sees whole groups
     and ``scale='batch'`` the batch that was sampled."""
     G = ctx.cfg.num_generations
-    # per sampled part, on the rewards of every rank (train/dist.py: a batch std sees the global batch)
-    part_adv = [dist.current().global_advantage(ctx.advantage_fn, s.rewards) for s in parts]
+    # per sampled part, on the rewards of every rank (train/dist.py: a batch std sees the global batch);
+    # a part this rank did not generate joins the collective with no rows
+    part_adv = [dist.current().global_advantage(ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
+                for s in parts]
+    if not keep:  # this rank keeps no group (drop): it trains on nothing this round
+        first = parts[0]
+        return RoundBatch(first.rollout.select([]), torch.zeros(0), first.rewards[:0], [])
     rollouts, rewards, components, advs = [], [], [], []
     for p, b in keep:
         s = parts[p]
