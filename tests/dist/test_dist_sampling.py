@@ -69,15 +69,14 @@ def sgd(model, cfg, total_steps):
 
 
 def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: int) -> dict[str, Any]:
-    """One GRPOTrainer run of ``steps`` steps (2 prompts x 2 completions per rank per step) on this process."""
-    import grouprl.train.loop as loop
+    """One GRPOTrainer run of ``steps`` steps (2 prompts x 2 completions per rank per step) on this process
+    (with SGD: ``grouprl.train.loop.build_optimizer`` is patched by the caller)."""
     from grouprl import GRPOConfig, GRPOTrainer
     from grouprl.train import dist
 
     ZERO.clear()
     ZERO.update(zero)
     GENERATED.clear()
-    loop.build_optimizer = sgd
     world = dist.current().world
     cfg = GRPOConfig(model=model_dir, output_dir=output_dir, num_generations=2,
                      per_device_train_batch_size=4 * 2 // world, gradient_accumulation_steps=1, max_new_tokens=4,
@@ -92,6 +91,9 @@ def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: in
 
 def both_modes(model_dir: str, out: str, drop_zero: list[int], resample_zero: list[int]) -> dict[str, Any]:
     """The drop run (3 steps) and the resample run (2 steps) in one launch (starting processes is the slow part)."""
+    import grouprl.train.loop as loop
+
+    loop.build_optimizer = sgd  # a spawned rank: nothing to undo
     return {"drop": train(model_dir, f"{out}/drop", drop_zero, "drop", 3),
             "resample": train(model_dir, f"{out}/resample", resample_zero, "resample", 2)}
 
@@ -110,6 +112,8 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
+    import grouprl.train.loop as loop
+
     o = _order()
     # drop: round 1 rank 1 keeps nothing (rank 0: 2); round 2 rank 0 keeps 1 (rank 1: 2); round 3 nobody keeps any
     drop_zero = [o[2], o[3], o[4], *o[8:12]]
@@ -119,8 +123,10 @@ def runs(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sampling")
     two = values(run_ranks(both_modes, 2, str(tiny_model_dir), str(tmp / "two"), drop_zero, resample_zero,
                            workdir=tmp / "w2", timeout=240))
-    one = values(run_ranks(both_modes, 1, str(tiny_model_dir), str(tmp / "one"), drop_zero, resample_zero,
-                           workdir=tmp / "w1", timeout=240))[0]
+    with pytest.MonkeyPatch.context() as mp:  # the 1-process reference runs here (one process start less)
+        mp.setattr(loop, "build_optimizer", sgd)
+        one = {"drop": train(str(tiny_model_dir), str(tmp / "one" / "drop"), drop_zero, "drop", 3),
+               "resample": train(str(tiny_model_dir), str(tmp / "one" / "resample"), resample_zero, "resample", 2)}
     return o, tmp, two, one
 
 
