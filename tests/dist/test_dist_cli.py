@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -51,15 +50,13 @@ def test_batch_arithmetic_names_the_world_size():
         plan_steps(cfg, 5, world=3)
 
 
-def test_resample_and_vllm_are_refused_on_several_processes():
+def test_resample_and_vllm_are_accepted_on_several_processes():
+    """Both run on N processes (tests/dist/test_dist_sampling.py, test_dist_vllm.py): no refusal any more."""
     from grouprl.train.dist import check_config
 
-    check_config(GRPOConfig(dynamic_sampling="resample"), 1)
-    with pytest.raises(ConfigError, match="dynamic_sampling='resample' with 2 processes"):
-        check_config(GRPOConfig(dynamic_sampling="resample"), 2)
-    check_config(GRPOConfig(rollout_backend="vllm"), 1)
-    with pytest.raises(ConfigError, match="rollout_backend='vllm' with 2 processes"):
-        check_config(GRPOConfig(rollout_backend="vllm"), 2)
+    for world in (1, 2):
+        check_config(GRPOConfig(dynamic_sampling="resample"), world)
+        check_config(GRPOConfig(rollout_backend="vllm"), world)
 
 
 def test_fsdp_and_deepspeed_launches_are_refused(monkeypatch):
@@ -78,19 +75,6 @@ def test_one_process_has_no_ranks():
     assert d.global_totals({"num_tokens": 3, "num_seqs": 2, "max_len": 8}) == {"num_tokens": 3, "num_seqs": 2,
                                                                               "max_len": 8}
     assert d.all_gather({"a": 1}) == [{"a": 1}] and d.on_main(lambda x: x + 1, 1) == 2
-
-
-def test_dpo_refuses_several_processes(monkeypatch, tmp_path, capsys):
-    from types import SimpleNamespace
-
-    from grouprl.cli import main
-    from grouprl.train import dist
-
-    monkeypatch.setattr(dist, "_CURRENT", dist.Dist(SimpleNamespace(process_index=0, num_processes=2)))
-    recipe = Path(__file__).resolve().parents[2] / "recipes" / "dpo.yaml"
-    assert main(["train", "-c", str(recipe), f"output_dir={tmp_path}"]) == 2
-    assert "algorithm: dpo trains on one process; this launch started 2" in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_rank_0_announces_the_processes_and_the_global_batch(capsys):

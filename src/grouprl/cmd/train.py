@@ -57,14 +57,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from contextlib import nullcontext
 
-    from grouprl.errors import ConfigError
     from grouprl.train import dist
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
-    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run)
-        if ranks.enabled:
-            raise ConfigError(f"algorithm: dpo trains on one process; this launch started {ranks.world}. Fix: "
-                              f"run `grouprl train` without accelerate launch / --nproc.")
+    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run), N ranks too
         from grouprl.train.dpo_run import run_dpo
 
         run_dpo(cfg, resume=args.resume)

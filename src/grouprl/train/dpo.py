@@ -16,8 +16,14 @@ reward (arXiv:2305.18290, Sec. 5); ``rewards/margins`` = their difference; ``rew
 fraction of pairs whose chosen reward is higher; ``logps/chosen``, ``logps/rejected``; ``loss``.
 Log-probs are those of the model itself (temperature 1), in fp32. Text completions get the tokenizer's EOS
 appended (the model must learn to stop); chat completions end as the chat template ends them.
-Simplifications: one process; pairs are re-tokenised from their text (as TRL does). What ``grouprl train``
-does around this loop (checks, data, model, final model) is in :mod:`grouprl.train.dpo_run`.
+Several processes (``accelerate launch``, ``train.dist``): the pair order is global and each rank takes its
+contiguous share of every global batch of ``per_device_train_batch_size x gradient_accumulation_steps x N``
+pairs; each loss is normalised by the pairs of the whole global step, so the gradients are SUMMED over ranks
+(``Dist.sum_gradients``) and every rank takes the same step, exactly one process on the global batch. The
+reference log-probs are computed once, each rank for its share of the pairs, then gathered. Rank 0 alone
+logs, evaluates and writes checkpoints. Simplification: pairs are re-tokenised from their text (as TRL
+does). What ``grouprl train`` does around this loop (checks, data, model, final model) is in
+:mod:`grouprl.train.dpo_run`.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from grouprl.data.prefs import check_pref_rows
 from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import dist
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger
 from grouprl.train.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
@@ -144,6 +151,17 @@ def reference_logps(model: Any, pairs: list[Pair], batch_size: int, average: boo
         model.train(was_training)
 
 
+def shared_reference_logps(model: Any, pairs: list[Pair], cfg: Any, autocast: Any, pad_id: int) -> None:
+    """:func:`reference_logps` of every pair, each rank computing its contiguous share, then gathered."""
+    ranks = dist.current()
+    share = math.ceil(len(pairs) / ranks.world)
+    mine = pairs[ranks.rank * share:(ranks.rank + 1) * share]
+    reference_logps(model, mine, cfg.per_device_train_batch_size, cfg.dpo_loss == "ipo", autocast, pad_id)
+    gathered = ranks.all_gather([(p.ref_chosen, p.ref_rejected) for p in mine])
+    for pair, (c, r) in zip(pairs, [v for part in gathered for v in part]):
+        pair.ref_chosen, pair.ref_rejected = c, r
+
+
 # ---- one micro-batch ----------------------------------------------------------------------------------
 def micro_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, pad_id: int):
     """The micro-batch's DPO / IPO loss, normalised by the pairs of the WHOLE optimizer step (so the gradient
@@ -171,19 +189,25 @@ def micro_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, p
 
 def dpo_step(model: Any, batch: list[Pair], cfg: Any, optimizer: Any, scheduler: Any, autocast: Any,
              pad_id: int) -> dict[str, float]:
-    """One optimizer step over ``batch`` (gradient_accumulation_steps micro-batches); a non-finite loss or
-    gradient norm skips the update (``skipped`` = 1.0), as the GRPO step does."""
-    mb = cfg.per_device_train_batch_size
+    """One optimizer step over ``batch``, this rank's equal share of the global batch (gradient_accumulation_steps
+    micro-batches); a non-finite loss or gradient norm on any rank skips the update (``skipped`` = 1.0), as
+    the GRPO step does. Losses and metrics are normalised by the pairs of the global step."""
+    ranks, mb = dist.current(), cfg.per_device_train_batch_size
+    step_pairs = len(batch) * ranks.world  # the global step: every rank holds an equal share (RankStream)
     acc: dict[str, torch.Tensor] = {}
     for start in range(0, len(batch), mb):
         with autocast():
-            loss, sums = micro_batch_loss(model, batch[start:start + mb], len(batch), cfg, pad_id)
+            loss, sums = micro_batch_loss(model, batch[start:start + mb], step_pairs, cfg, pad_id)
         loss.backward()
         for k, v in sums.items():
             acc[k] = acc[k] + v if k in acc else v
     params = [p for p in model.parameters() if p.requires_grad]
+    ranks.sum_gradients(params)  # the global loss is the sum of the ranks' losses: its gradient the sum
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
     lr = scheduler.get_last_lr()[0]
+    if ranks.enabled:  # sums normalised by the global step: adding the ranks' gives the global value
+        parts = ranks.all_gather({k: v.detach().cpu() for k, v in acc.items()})
+        acc = {k: sum(part[k] for part in parts) for k in acc}
     finite = bool(torch.isfinite(acc["loss"])) and bool(torch.isfinite(grad_norm))
     if finite:
         optimizer.step()
@@ -197,14 +221,15 @@ def dpo_step(model: Any, batch: list[Pair], cfg: Any, optimizer: Any, scheduler:
 
 
 # ---- the loop ------------------------------------------------------------------------------------------
-def plan_dpo_steps(cfg: Any, num_pairs: int) -> tuple[int, int]:
-    """(total optimizer steps, pairs per optimizer step)."""
-    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+def plan_dpo_steps(cfg: Any, num_pairs: int, world: int = 1) -> tuple[int, int]:
+    """(total optimizer steps, pairs per global optimizer step) on ``world`` processes."""
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * world
     if num_pairs < per_step:
+        on = f" x {world} processes" if world > 1 else ""
         raise DataError(f"the preference data has {num_pairs} pairs but one optimizer step needs {per_step} "
                         f"(= per_device_train_batch_size {cfg.per_device_train_batch_size} x "
-                        f"gradient_accumulation_steps {cfg.gradient_accumulation_steps}). Fix: add pairs or "
-                        f"lower either.")
+                        f"gradient_accumulation_steps {cfg.gradient_accumulation_steps}{on}). Fix: add pairs or "
+                        f"lower either{' or the process count' if on else ''}.")
     if cfg.max_steps > 0:
         return cfg.max_steps, per_step
     return max(1, math.ceil(cfg.num_train_epochs * (num_pairs // per_step))), per_step
@@ -212,19 +237,22 @@ def plan_dpo_steps(cfg: Any, num_pairs: int) -> tuple[int, int]:
 
 def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: Any = None,
               eval_reward_fn: Any = None, *, resume: Any = None) -> dict[str, Any]:
-    """Run DPO / IPO on ``model`` (loaded, on its device) with the pairs ``pair_rows``; returns a summary."""
+    """Run DPO / IPO on ``model`` (loaded, on its device) with the pairs ``pair_rows``; returns a summary.
+    On N processes every rank calls it with the same pairs (see the module docstring)."""
+    ranks = dist.current()
     upcast_trainable(model)
+    ranks.broadcast_parameters(model)  # rank 0's weights everywhere (e.g. a randomly initialised adapter)
     device = next(model.parameters()).device
     autocast = autocast_factory(cfg.bf16, device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     pairs = tokenize_pairs(pair_rows, tokenizer, cfg)
-    total_steps, per_step = plan_dpo_steps(cfg, len(pairs))
-    stream = PromptStream(len(pairs), per_step, cfg.seed)
+    total_steps, per_step = plan_dpo_steps(cfg, len(pairs), ranks.world)
+    stream = ranks.shard_stream(PromptStream(len(pairs), per_step, cfg.seed))  # this rank's share of each batch
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
     saved: dict[str, Any] = {"step": 0, "history": [], "evals": {}, "skipped_steps": 0, "ref_logp": None}
     resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
     if resume_path is None:  # pi_ref = the model before any update
-        reference_logps(model, pairs, cfg.per_device_train_batch_size, cfg.dpo_loss == "ipo", autocast, pad_id)
+        shared_reference_logps(model, pairs, cfg, autocast, pad_id)
     else:
         saved.update(_restore(cfg, resume_path, pairs, model, optimizer, scheduler, stream))
     ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
@@ -235,12 +263,15 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
     logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
                            progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
-                           resume_step=step)
+                           resume_step=step) if ranks.is_main else dist.NullLogger()  # rank 0 logs
 
-    def run_eval(tag: str) -> None:
-        _evaluate(cfg, model, tokenizer, eval_rows, eval_reward_fn, logger, evals, tag, step)
+    def run_eval(tag: str) -> None:  # rank 0; the others wait at their next collective
+        _evaluate(cfg, model, tokenizer, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals, tag,
+                  step)
 
     def save() -> Any:
+        if not ranks.is_main:  # rank 0 writes the (replicated) weights, optimizer and data position
+            return None
         state = {"data": stream.state(), "ref_logp": ref_logp, "history": history, "evals": evals,
                  "skipped_steps": guard.total, "log_bytes": ckpt.log_sizes(cfg.output_dir),
                  "config": config_record(cfg)}
@@ -266,10 +297,14 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
                 run_eval(f"step{step}")
             saved_now = save() if _should_save(cfg, step, total_steps, len(pairs) // per_step) else None
-            if stop.requested:
+            if ranks.any_true(stop.requested):
                 raise stop.interrupted(step, saved_now or save())
         stop.restore()
         run_eval("after")
+        ranks.check()
+    except BaseException as e:
+        ranks.fail(e)  # every rank stops with this error at its next collective (train/dist.py)
+        raise
     finally:
         stop.restore()
         logger.close()
@@ -289,7 +324,8 @@ def _restore(cfg: Any, path: Any, pairs: list[Pair], model: Any, optimizer: Any,
                         f"pairs, but the data has {len(pairs)}: resume with the data the run started with.")
     for pair, (c, r) in zip(pairs, saved["ref_logp"].tolist()):
         pair.ref_chosen, pair.ref_rejected = c, r
-    ckpt.truncate_logs(cfg.output_dir, path, saved.get("log_bytes"))  # what the checkpoint covers
+    if dist.current().is_main:
+        ckpt.truncate_logs(cfg.output_dir, path, saved.get("log_bytes"))  # what the checkpoint covers
     ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)  # a changed lr (resume_config.SAFE)
     return saved
 

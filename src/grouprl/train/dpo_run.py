@@ -4,7 +4,9 @@
 Order, as for GRPO runs: the output folder is locked and checked, the pairs of a dataset on disk are checked
 row by row, the model folder and prompt lengths are checked, and only then do the weights load. The pairs of
 ``builtin:arithmetic_prefs`` need the model's own samples, so they are built (or read from the cache) after
-it loads (:mod:`grouprl.train.dpo_prefs`).
+it loads (:mod:`grouprl.train.dpo_prefs`). On N processes (``accelerate launch``) rank 0 alone holds the lock,
+decides resume / fresh, writes the run's files and builds ``builtin:arithmetic_prefs`` (the other ranks
+receive the pairs); every rank trains on its share of each global batch (:mod:`grouprl.train.dpo`).
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from grouprl.train.dpo import train_dpo
 def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     """``grouprl train`` with ``algorithm: dpo``: check the pairs (before any model loads, for a dataset on
     disk), load the model, build ``builtin:arithmetic_prefs`` if named, train, save ``<output_dir>/final``."""
+    from contextlib import nullcontext
+
+    from grouprl.train import dist
     from grouprl.train.lock import run_lock
     from grouprl.train.output_dir import preflight
 
-    with run_lock(cfg.output_dir):  # held from before the model loads to the end of the run
+    ranks = dist.current()
+    with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
         dpo_preflight(cfg)
-        resume, _ = preflight(cfg, resume)  # resume or fresh, an earlier run's files, config changes
+        resume, _ = ranks.on_main(preflight, cfg, resume)  # resume or fresh, an earlier run's files, config changes
         return _run_locked(cfg, resume)
 
 
@@ -91,7 +97,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import transformers
 
     from grouprl.data.prefs import is_builtin_prefs
-    from grouprl.train import startup
+    from grouprl.train import dist, startup
     from grouprl.train.checkpoint import save_final_atomic
     from grouprl.train.model import (
         apply_peft,
@@ -105,6 +111,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     from grouprl.train.output_dir import start_run
     from grouprl.train.score import resolve_reward_funcs
 
+    ranks = dist.current()
     builtin = is_builtin_prefs(cfg.dataset)
     rows, evals = load_pairs(cfg)  # bad rows fail here, before the model loads
     note = startup.eval_split_note(cfg, False, evals)
@@ -117,24 +124,31 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     startup.check_prompt_lengths(cfg, tokenizer, startup.model_context(folder),
                                  {"train": None if builtin else rows, "test": evals})
     transformers.set_seed(cfg.seed)
-    model = apply_peft(load_model(cfg.model, pick_device(cfg.device)), cfg)
+    model = apply_peft(load_model(cfg.model, ranks.device(pick_device(cfg.device))), cfg)
     meta = None
     if builtin:
         from grouprl.train.dpo_prefs import arithmetic_prefs, eval_rows
 
-        rows, meta = arithmetic_prefs(cfg, model, tokenizer)
+        rows, meta = ranks.on_main(arithmetic_prefs, cfg, model, tokenizer)  # rank 0 samples; all get the pairs
         evals = eval_rows(cfg)
-        print(f"grouprl: {meta['num_pairs']} preference pairs from {meta['samples_drawn']} samples "
-              f"({meta['num_prompts']} prompts)", flush=True)
+        if ranks.is_main:
+            print(f"grouprl: {meta['num_pairs']} preference pairs from {meta['samples_drawn']} samples "
+                  f"({meta['num_prompts']} prompts)", flush=True)
         transformers.set_seed(cfg.seed)  # a cached and a fresh build leave the same RNG for training
-    resume = start_run(cfg, resume)  # clears a finished run's files (fresh run); writes config.yaml
-    if meta is not None:
+    resume = ranks.on_main(start_run, cfg, resume)  # clears a finished run's files (fresh run); writes config.yaml
+    if meta is not None and ranks.is_main:
         (Path(cfg.output_dir) / "prefs_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if ranks.enabled and ranks.is_main:
+        per, ga = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+        print(f"grouprl: {ranks.world} processes; global batch {per * ga * ranks.world} preference pairs per "
+              f"optimizer step = per_device_train_batch_size {per} x gradient_accumulation_steps {ga} x "
+              f"{ranks.world} processes", flush=True)
     eval_fn = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0] if evals is not None else None
     result = train_dpo(cfg, model, tokenizer, rows, evals, eval_fn, resume=resume)
-    result["final_model"] = str(save_final_atomic(model, tokenizer, cfg.output_dir, result["global_step"]))
-    result["prefs"] = meta
-    _print_summary(result, cfg)
+    final = ranks.on_main(save_final_atomic, model, tokenizer, cfg.output_dir, result["global_step"])
+    result["final_model"], result["prefs"] = str(final), meta
+    if ranks.is_main:
+        _print_summary(result, cfg)
     return result
 
 
