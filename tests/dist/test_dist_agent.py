@@ -5,7 +5,7 @@ see trajectories, ``loss_mask`` in the micro-batches, the gradient sum -- is the
 script depends only on the conversation so far and on the member's place among the identical conversations
 of its group, never on the batch around it, so a rank sampling its share and one process sampling the whole
 global batch produce the same trajectories: the 2-rank run must then equal the 1-process run (SGD with
-momentum: linear in the gradient, so a gradient N times too large or too small shows).
+momentum, no clipping: linear in the gradient, so a gradient N times too large or too small shows).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def agent_run(model_dir: str, output_dir: str, patched: bool = False) -> dict[st
     cfg = GRPOConfig(model=model_dir, output_dir=output_dir, environment="calculator", reward_funcs=["accuracy"],
                      num_generations=2, per_device_train_batch_size=4 * 2 // world, gradient_accumulation_steps=1,
                      max_new_tokens=64, max_prompt_length=128, max_steps=2, progress_bar=False, save_strategy="no",
-                     seed=0, eval_split=None, log_completions_steps=1, num_completions_to_log=4)
+                     seed=0, eval_split=None, log_completions_steps=1, num_completions_to_log=4, max_grad_norm=0.0)
     trainer = GRPOTrainer(config=cfg, train_dataset=[dict(r) for r in ROWS])
     result = trainer.train()
     return {"params": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},

@@ -1,6 +1,6 @@
 """``algorithm: dpo`` on 2 gloo ranks (arXiv:2305.18290): each rank takes its share of every global batch of
 pairs, the loss is normalised by the global number of pairs and the gradients are summed, so 2 optimizer
-steps on 2 ranks equal one process with the same global batch. SGD with momentum: the update is linear in
+steps on 2 ranks equal one process with the same global batch. SGD with momentum, no clipping: the update is linear in
 the gradient, so a gradient N times too large or too small shows."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ numbers of groups (one rank none), and ``resample`` with ranks drawing extra pro
 
 Sampling is made deterministic by a plug-in backend (``FakeBackend``): completion j of prompt i depends on
 (i, j) only, so the 2-rank run and a 1-process run with the same global batch see the very same
-trajectories, and the 1-process run keeps the same groups. Both runs take SGD with momentum (the update is
+trajectories, and the 1-process run keeps the same groups. Both runs take SGD with momentum and no clipping (the update is
 linear in the gradient: a gradient N times too large or too small shows), so their parameters must agree to
 fp32 summation noise.
 """
@@ -82,7 +82,8 @@ def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: in
                      per_device_train_batch_size=4 * 2 // world, gradient_accumulation_steps=1, max_new_tokens=4,
                      max_prompt_length=64, max_steps=steps, progress_bar=False, save_strategy="steps",
                      save_steps=100, seed=0, eval_split=None, dynamic_sampling=mode, max_resample_rounds=3,
-                     rollout_backend="test_dist_sampling:FakeBackend", kl_coef=0.0)
+                     rollout_backend="test_dist_sampling:FakeBackend", kl_coef=0.0,
+                     max_grad_norm=0.0)
     trainer = GRPOTrainer(config=cfg, train_dataset=[dict(r) for r in ROWS], reward_funcs=[num_tokens])
     trainer.train()
     return {"params": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},

@@ -58,7 +58,8 @@ def vllm_run(model_dir: str, output_dir: str, mode: str, url: str = "", install:
                      steps_per_generation=steps_per_round, max_new_tokens=4, max_prompt_length=64,
                      max_steps=2 * steps_per_round, progress_bar=False, save_strategy="no",
                      seed=0, eval_split=None, temperature=1.0, rollout_backend="vllm", vllm_mode=mode,
-                     vllm_server_url=url, vllm_server_timeout=30.0, vllm_sleep=mode == "colocate")
+                     vllm_server_url=url, vllm_server_timeout=30.0, vllm_sleep=mode == "colocate",
+                     max_grad_norm=0.0)
     trainer = GRPOTrainer(config=cfg, train_dataset=[dict(r) for r in ROWS], reward_funcs=[letters])
     trainer.train()
     return {"params": {k: v.detach().clone() for k, v in trainer.model.named_parameters()},
