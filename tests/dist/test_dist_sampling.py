@@ -58,6 +58,12 @@ class FakeBackend:
                        [p for p in prompts for _ in range(n)])
 
 
+class SharedFakeBackend(FakeBackend):
+    """``FakeBackend`` as one engine for every rank (a vLLM server): rank 0 generates every rank's prompts."""
+
+    shared_engine = True
+
+
 def num_tokens(completions, completion_ids, **kwargs):
     """The reward: the completion's length in tokens (2 + j, or 3 for every j of a zero row)."""
     return [float(len(ids)) for ids in completion_ids]
@@ -68,7 +74,8 @@ def sgd(model, cfg, total_steps):
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
 
 
-def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: int) -> dict[str, Any]:
+def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: int,
+          backend: str = "FakeBackend") -> dict[str, Any]:
     """One GRPOTrainer run of ``steps`` steps (2 prompts x 2 completions per rank per step) on this process
     (with SGD: ``grouprl.train.loop.build_optimizer`` is patched by the caller)."""
     from grouprl import GRPOConfig, GRPOTrainer
@@ -82,7 +89,7 @@ def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: in
                      per_device_train_batch_size=4 * 2 // world, gradient_accumulation_steps=1, max_new_tokens=4,
                      max_prompt_length=64, max_steps=steps, progress_bar=False, save_strategy="steps",
                      save_steps=100, seed=0, eval_split=None, dynamic_sampling=mode, max_resample_rounds=3,
-                     rollout_backend="test_dist_sampling:FakeBackend", kl_coef=0.0,
+                     rollout_backend=f"test_dist_sampling:{backend}", kl_coef=0.0,
                      max_grad_norm=0.0)
     trainer = GRPOTrainer(config=cfg, train_dataset=[dict(r) for r in ROWS], reward_funcs=[num_tokens])
     trainer.train()
@@ -91,12 +98,14 @@ def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: in
 
 
 def both_modes(model_dir: str, out: str, drop_zero: list[int], resample_zero: list[int]) -> dict[str, Any]:
-    """The drop run (3 steps) and the resample run (2 steps) in one launch (starting processes is the slow part)."""
+    """The drop run (3 steps) and the resample runs (2 steps; one with an engine shared by the ranks) in one
+    launch (starting processes is the slow part)."""
     import grouprl.train.loop as loop
 
     loop.build_optimizer = sgd  # a spawned rank: nothing to undo
     return {"drop": train(model_dir, f"{out}/drop", drop_zero, "drop", 3),
-            "resample": train(model_dir, f"{out}/resample", resample_zero, "resample", 2)}
+            "resample": train(model_dir, f"{out}/resample", resample_zero, "resample", 2),
+            "shared": train(model_dir, f"{out}/shared", resample_zero, "resample", 2, "SharedFakeBackend")}
 
 
 def _order() -> list[int]:
@@ -166,6 +175,9 @@ def test_resample_draws_in_lock_step_and_equals_one_process(runs, start):
     assert two[0]["resample"]["generated"] == [o[0:2], o[8:10]]  # rank 0 was full: it skipped the extra batch
     assert two[1]["resample"]["generated"] == [o[2:4], o[6:8], o[10:12]]
     assert one["resample"]["generated"] == [o[0:4], o[4:8], o[8:12]]
+    # one engine for both ranks: rank 0 generates every request, also the extra batch for which it is full
+    _assert_same_params([r["shared"] for r in two], one["resample"], start)
+    assert two[0]["shared"]["generated"] == [o[0:4], o[4:8], o[8:12]] and two[1]["shared"]["generated"] == []
     two_m = _metrics(tmp / "two" / "resample")
     assert [m["dynamic/extra_rounds"] for m in two_m] == [1.0, 0.0]
     assert [m["dynamic/kept_groups"] for m in two_m] == [4.0, 4.0]

@@ -7,11 +7,11 @@ until the batch holds B informative groups (or ``max_resample_rounds`` runs out)
 
 On N processes (``train.dist``) every rank fills its own B groups and the ranks stay in lock-step: while
 ANY rank is short, EVERY rank draws the next global batch of the prompt stream (so the data position is
-the same everywhere and stays global in checkpoints); a rank that is already full skips generating for its
-share, as one process discards the informative groups beyond B. Under ``drop`` a rank may keep fewer
-groups than another, or none: it then trains on nothing and still joins every collective (its gradient
-counts as zero in the sum). Only when NO rank keeps a group does every rank train on its whole batch (its
-advantages are all 0), as one process does.
+the same everywhere and stays global in checkpoints); a rank that is already full skips generating for
+its share (unless one engine serves every rank), as one process discards the informative groups beyond
+B. Under ``drop`` a rank may keep fewer groups than another, or none: it then trains on nothing and still
+joins every collective (its gradient counts as zero in the sum). Only when NO rank keeps a group does
+every rank train on its whole batch (its advantages are all 0), as one process does.
 
 Shapes: B prompts, G completions each, N = B*G rows, T completion tokens.
 """
@@ -210,13 +210,16 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
     if cfg.dynamic_sampling != "none":
         keep = [(0, b) for b, zero in enumerate(zero_std_groups(first.rewards, cfg.advantage_kwargs)) if not zero]
     rounds = 0
+    # a shared engine (vLLM server) generates every rank's prompts in one request: every rank takes part
+    joins = ranks.enabled and getattr(ctx.backend, "shared_engine", False) and ctx.agent is None
     # DAPO (arXiv:2503.14476, Sec. 3.2): over-sample until the batch holds informative groups. Every rank
-    # draws while any rank is short (lock-step on the global prompt stream); a full rank does not generate.
+    # draws while any rank is short (lock-step on the global prompt stream); a full rank does not generate
+    # (unless the engine is shared), and its extra groups fall beyond keep[:B] as on one process.
     while (cfg.dynamic_sampling == "resample" and rounds < cfg.max_resample_rounds
            and ranks.any_true(len(keep) < B)):
         rounds += 1
         idx = stream.next()
-        extra = sample_and_score(ctx, idx, timers) if len(keep) < B else None
+        extra = sample_and_score(ctx, idx, timers) if len(keep) < B or joins else None
         parts.append(extra)
         if extra is not None:
             zero = zero_std_groups(extra.rewards, cfg.advantage_kwargs)
