@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ def vllm_run(model_dir: str, output_dir: str, mode: str, url: str = "", install:
         sys.modules["vllm"] = fake_vllm
         loop.build_optimizer = sgd
         fake_vllm.EVENTS.clear()
+        fake_vllm.INSTANCES.clear()
     world = dist.current().world
     cfg = GRPOConfig(model=model_dir, output_dir=output_dir, num_generations=2,
                      per_device_train_batch_size=4 * 2 // world, gradient_accumulation_steps=1,
@@ -75,46 +77,69 @@ def _same(a: dict, b: dict, tol: float = 0.0) -> bool:
     return all(float((a[k] - b[k]).abs().max()) <= tol for k in a)
 
 
-def test_colocate_one_engine_per_rank_each_generating_its_share(tiny_model_dir, tmp_path):
-    r0, r1 = values(run_ranks(vllm_run, 2, str(tiny_model_dir), str(tmp_path / "out"), "colocate",
-                              workdir=tmp_path / "w", timeout=240))
+def both_modes(model_dir: str, out: str, url: str) -> dict[str, Any]:
+    """The colocate run, then the server run (driving the test process's server), in one launch (starting
+    processes is the slow part)."""
+    return {"colocate": vllm_run(model_dir, f"{out}/colocate", "colocate"),
+            "server": vllm_run(model_dir, f"{out}/server", "server", url, steps_per_round=1)}
+
+
+@contextmanager
+def fake_server(vllm: Any, model_dir: str):
+    """A ``grouprl vllm-serve`` server on the fake engine, in a thread of this process; yields its URL."""
+    from grouprl.cmd.vllm_serve import make_server
+
+    server = make_server(vllm.LLM(model=model_dir), vllm, "127.0.0.1", 0, model=model_dir)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _server_events() -> list[tuple]:
+    return [e for e in fake_vllm.EVENTS if e[0] in ("load_weights", "generate")]
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tiny_model_dir, tmp_path_factory):
+    """One 2-rank launch: (output folder, per-rank results, the events of the server rank 0 drove)."""
+    tmp = tmp_path_factory.mktemp("vllm")
+    with pytest.MonkeyPatch.context() as mp:
+        vllm = fake_vllm.install(mp)
+        with fake_server(vllm, str(tiny_model_dir)) as url:
+            ranks = values(run_ranks(both_modes, 2, str(tiny_model_dir), str(tmp), url, workdir=tmp / "w",
+                                     timeout=300))
+        return tmp, ranks, _server_events()
+
+
+def test_colocate_one_engine_per_rank_each_generating_its_share(two_ranks):
+    tmp, (r0, r1), _ = two_ranks
+    r0, r1 = r0["colocate"], r1["colocate"]
     for r in (r0, r1):  # per rank: one push per generation round, then 4 prompts (its share of 8) x n=2
         assert r["events"] == [("load_weights", 26), ("generate", 4, 2)] * 2, r["events"]
     assert (r0["seeds"], r1["seeds"]) == ([0], [1])  # rank r samples with seed + r: different completions
     assert _same(r0["params"], r1["params"])  # the gradient sum keeps the weights replicated
-    assert _steps(tmp_path / "out") == [1, 2, 3, 4]
+    assert _steps(tmp / "colocate") == [1, 2, 3, 4]
 
 
-def test_server_driven_by_rank_0_equals_one_process(tiny_model_dir, tmp_path, monkeypatch):
-    from grouprl.cmd.vllm_serve import make_server
+def test_server_driven_by_rank_0_equals_one_process(tiny_model_dir, two_ranks, tmp_path, monkeypatch):
     from grouprl.train import loop
 
-    vllm = fake_vllm.install(monkeypatch)
-    runs = {}
-    for name in ("two", "one"):  # a fresh server (same seed) for each run
-        server = make_server(vllm.LLM(model=str(tiny_model_dir)), vllm, "127.0.0.1", 0, model=str(tiny_model_dir))
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        url = f"http://127.0.0.1:{server.server_port}"
-        fake_vllm.EVENTS.clear()
-        try:
-            if name == "two":
-                r0, r1 = values(run_ranks(vllm_run, 2, str(tiny_model_dir), str(tmp_path / name), "server", url,
-                                          True, 1, workdir=tmp_path / "w", timeout=240))
-                assert _same(r0["params"], r1["params"]) and r1["seeds"] == []  # rank 1 built no engine
-                runs[name] = {"params": r0["params"]}
-            else:
-                monkeypatch.setattr(loop, "build_optimizer", sgd)
-                runs[name] = vllm_run(str(tiny_model_dir), str(tmp_path / name), "server", url, install=False,
-                                      steps_per_round=1)
-            runs[name]["events"] = [e for e in fake_vllm.EVENTS if e[0] in ("load_weights", "generate")]
-        finally:
-            server.shutdown()
-            server.server_close()
+    tmp, (r0, r1), events = two_ranks
+    r0, r1 = r0["server"], r1["server"]
+    assert _same(r0["params"], r1["params"]) and r0["seeds"] == r1["seeds"] == []  # no engine on any rank
     # rank 0 alone: one weight push per round in all, and one request with all 4 prompts (2 per rank). One
     # optimizer step per round: with more, each step takes a slice of every rank's share, not of the global round
-    assert runs["two"]["events"] == runs["one"]["events"] == [("load_weights", 26), ("generate", 4, 2)] * 2
-    assert _steps(tmp_path / "two") == [1, 2]
-    worst = max(float((runs["two"]["params"][k] - runs["one"]["params"][k]).abs().max()) for k in runs["one"]["params"])
+    assert events == [("load_weights", 26), ("generate", 4, 2)] * 2
+    assert _steps(tmp / "server") == [1, 2]
+    vllm = fake_vllm.install(monkeypatch)
+    monkeypatch.setattr(loop, "build_optimizer", sgd)
+    with fake_server(vllm, str(tiny_model_dir)) as url:  # a fresh server (same seed): the same samples
+        one = vllm_run(str(tiny_model_dir), str(tmp_path / "one"), "server", url, install=False, steps_per_round=1)
+        assert _server_events() == events
+    worst = max(float((r0["params"][k] - one["params"][k]).abs().max()) for k in one["params"])
     assert worst <= 1e-6, f"2 ranks differ from one process by {worst:.3g}"
 
 
