@@ -80,8 +80,27 @@ def _same(a: dict, b: dict, tol: float = 0.0) -> bool:
 def both_modes(model_dir: str, out: str, url: str) -> dict[str, Any]:
     """The colocate run, then the server run (driving the test process's server), in one launch (starting
     processes is the slow part)."""
-    return {"colocate": vllm_run(model_dir, f"{out}/colocate", "colocate"),
+    runs = {"colocate": vllm_run(model_dir, f"{out}/colocate", "colocate"),
             "server": vllm_run(model_dir, f"{out}/server", "server", url, steps_per_round=1)}
+    return runs | {"scatter": scatter_cases()}
+
+
+def _engine_down() -> list:
+    raise ValueError("engine down")
+
+
+def scatter_cases() -> dict[str, Any]:
+    """``dist.scatter_from_main``: each rank gets its own part; a failure on rank 0 ends every rank."""
+    from grouprl.train import dist
+
+    d = dist.current()
+    got = dist.scatter_from_main(d, lambda: [f"rows of rank {r}" for r in range(d.world)])
+    try:
+        dist.scatter_from_main(d, _engine_down)
+        error = None
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        error = f"{type(e).__name__}: {e}"
+    return {"got": got, "error": error}
 
 
 @contextmanager
@@ -141,6 +160,13 @@ def test_server_driven_by_rank_0_equals_one_process(tiny_model_dir, two_ranks, t
         assert _server_events() == events
     worst = max(float((r0["params"][k] - one["params"][k]).abs().max()) for k in one["params"])
     assert worst <= 1e-6, f"2 ranks differ from one process by {worst:.3g}"
+
+
+def test_rank_0_hands_each_rank_its_own_rows_and_its_failure(two_ranks):
+    _, (r0, r1), _ = two_ranks
+    assert (r0["scatter"]["got"], r1["scatter"]["got"]) == ("rows of rank 0", "rows of rank 1")
+    assert r0["scatter"]["error"] == "ValueError: engine down"  # rank 0 re-raises its own error
+    assert r1["scatter"]["error"].startswith("PeerFailure: rank 0: ValueError: engine down")  # not a hang
 
 
 def test_a_rank_above_0_has_no_server_engine(tiny_model_dir):

@@ -360,3 +360,20 @@ def _partial_state() -> Any:
                               f"replicated weights (data parallel) only. Fix: launch without --use_fsdp / "
                               f"--use_deepspeed (or a --config_file that sets them); see docs/DISTRIBUTED.md.")
     return PartialState(cpu=cpu, timeout=timedelta(seconds=seconds))
+
+
+def scatter_from_main(ranks: Dist, fn: Callable[[], list[Any]]) -> Any:
+    """``fn()`` on rank 0 -- a list of one picklable object per rank -- and its ``r``-th object on rank ``r``
+    (each rank receives only its own). If ``fn`` raises on rank 0, every rank stops with that error, as
+    with :meth:`Dist.on_main`."""
+    if not ranks.enabled:
+        return fn()[0]
+    import torch.distributed as tdist
+
+    with ranks.failures():
+        parts = fn() if ranks.is_main else None
+    ranks.check()
+    out: list[Any] = [None]
+    with ranks._collective():
+        tdist.scatter_object_list(out, parts, src=0)
+    return out[0]

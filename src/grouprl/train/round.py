@@ -152,7 +152,7 @@ def generate(backend: Any, texts: list[str], n: int, params: SamplingParams) -> 
         bounds = np.cumsum([0] + [len(share) * n for share in shares]).tolist()
         return [_rollout_to(everything.select(list(range(a, b))), "cpu") for a, b in zip(bounds, bounds[1:])]
 
-    mine = ranks.on_main(on_rank_0)[ranks.rank]  # CPU tensors through the object collective
+    mine = dist.scatter_from_main(ranks, on_rank_0)  # CPU tensors through the object collective
     model = getattr(backend, "model", None)
     return _rollout_to(mine, next(model.parameters()).device if model is not None else "cpu")
 
