@@ -115,7 +115,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     builtin = is_builtin_prefs(cfg.dataset)
     rows, evals = load_pairs(cfg)  # bad rows fail here, before the model loads
     note = startup.eval_split_note(cfg, False, evals)
-    if note:
+    if note and ranks.is_main:
         print(note, flush=True)
     check_model_source(cfg.model)
     apply_torch_threads(cfg)
