@@ -18,7 +18,9 @@ What N processes mean (``docs/DISTRIBUTED.md``):
   parameters stay replicated. This is DDP's all-reduce without its mean (DDP divides by N; with a
   global-count normaliser that would shrink the step N-fold) and without its per-backward hooks, so
   ranks may run different numbers of micro-batch backwards (dynamic sampling ``drop``).
-  Hand-written because it is ~10 lines and exact; sharded training (FSDP / DeepSpeed) is not supported.
+  Hand-written because it is ~10 lines and exact. With FSDP2 (``train/fsdp.py``, when accelerate is
+  configured for it) the weights and optimizer states are sharded instead, and FSDP's reduce-scatter sums
+  the gradients (its division by N switched off); DeepSpeed is not supported.
 * Failures. Every collective here first all-reduces an error flag. A rank that raises calls
   :meth:`Dist.fail` from :meth:`Dist.failures`, which joins that flag with 1 and sends its message; the
   other ranks, at their next collective, raise :class:`PeerFailure` naming the rank and the error.
@@ -57,6 +59,7 @@ class Dist:
         self.rank = int(state.process_index) if state is not None else 0
         self.world = int(state.num_processes) if state is not None else 1
         self._in_collective = self._broken = False  # broken: a collective raised (peer gone, timeout)
+        self.sharded = False  # FSDP2 (train/fsdp.py): set by shard()
 
     @property
     def is_main(self) -> bool:
@@ -164,7 +167,7 @@ class Dist:
 
     def sum_gradients(self, params: list[torch.Tensor]) -> None:
         """All-reduce-SUM the gradients of ``params`` (a missing gradient counts as zeros), in one buffer."""
-        if not self.enabled or not params:
+        if not self.enabled or not params or self.sharded:  # FSDP: its reduce-scatter summed them already
             return
         import torch.distributed as tdist
 
@@ -205,6 +208,68 @@ class Dist:
         with self._collective():
             tdist.gather_object(obj, out, dst=0)
         return out
+
+    # ---- FSDP2 (train/fsdp.py): no-ops unless accelerate's environment asks for it ---------------------
+    def shard(self, model: Any, reference: Any = None) -> bool:
+        """Shard ``model`` (and the reference copy, if it has its own) with FSDP2 when accelerate is
+        configured for FSDP and several processes run; returns whether it did."""
+        from grouprl.train import fsdp
+
+        if not (self.enabled and fsdp.requested()):
+            return False
+        self.check()
+        with self.failures():
+            fsdp.shard(model)
+            if reference is not None and not getattr(reference, "shared", True):
+                fsdp.shard(reference.model)
+        self.sharded = True
+        return True
+
+    def full_weights(self, model: Any) -> Any:
+        """A context in which a sharded model is whole on every rank (generation, evaluation); every rank
+        enters it. A no-op without FSDP."""
+        from contextlib import nullcontext
+
+        from grouprl.train import fsdp
+
+        if not self.sharded:
+            return nullcontext()
+        self.check()
+        return fsdp.full_weights(model)
+
+    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
+        """``fn`` called inside :meth:`full_weights` (on every rank)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.full_weights(model):
+                return fn(*args, **kwargs)
+        return call
+
+    def full_state_dict(self, model: Any) -> dict | None:
+        """A sharded model's full weights on rank 0 (``{}`` elsewhere; every rank calls it); ``None`` without FSDP."""
+        from grouprl.train import fsdp
+
+        if not self.sharded:
+            return None
+        self.check()
+        with self.failures():
+            return fsdp.full_state_dict(model)
+
+    def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
+        """FSDP: every rank writes its model and optimizer shards into the checkpoint being written
+        (``.tmp-checkpoint-<step>/distcp``, torch.distributed.checkpoint); rank 0 then adds the rest. Returns
+        whether it did (False without FSDP)."""
+        import shutil
+
+        from grouprl.train import checkpoint, fsdp
+
+        if not self.sharded:
+            return False
+        tmp = checkpoint.tmp_checkpoint(output_dir, step)
+        self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
+        self.check()
+        with self.failures():
+            fsdp.save_shards(tmp / fsdp.SHARDS, model, optimizer)
+        return True
 
     # ---- what the loop asks -----------------------------------------------------------------------
     def global_totals(self, totals: dict[str, int]) -> dict[str, int]:
@@ -326,6 +391,10 @@ def check_config(cfg: Any, world: int) -> None:
     if world > 1 and cfg.dynamic_sampling == "resample":
         raise ConfigError(f"dynamic_sampling='resample' with {world} processes: ranks would draw different "
                           f"numbers of extra prompts. Fix: dynamic_sampling=drop (or none), or one process.")
+    if world > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        from grouprl.train.fsdp import check_config as check_fsdp
+
+        check_fsdp(cfg, world)
     if world > 1 and cfg.rollout_backend == "vllm":  # one engine per rank, weight pushes per rank: untested
         raise ConfigError(f"rollout_backend='vllm' with {world} processes is not supported yet. Fix: "
                           f"rollout_backend=transformers on several processes, or vllm on one process.")
@@ -358,9 +427,13 @@ def _partial_state() -> Any:
     except ValueError:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds (e.g. {TIMEOUT_ENV}=600).") from None
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    for flag, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
-        if os.environ.get(flag, "").lower() in ("1", "true", "yes"):
-            raise ConfigError(f"accelerate is configured for {name} ({flag}=true): grouprl trains with "
-                              f"replicated weights (data parallel) only. Fix: launch without --use_fsdp / "
-                              f"--use_deepspeed (or a --config_file that sets them); see docs/DISTRIBUTED.md.")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+        raise ConfigError("accelerate is configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which grouprl "
+                          "does not support. Fix: shard with FSDP2 instead (accelerate launch --config_file "
+                          "examples/accelerate/fsdp2.yaml ...), or launch data parallel without --use_deepspeed; "
+                          "see docs/DISTRIBUTED.md.")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        from grouprl.train.fsdp import check_env
+
+        check_env()  # FSDP2 only, no parameter offloading
     return PartialState(cpu=cpu, timeout=timedelta(seconds=seconds))

@@ -214,9 +214,10 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def save_final(model: Any, tokenizer: Any, path: Any):
+def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = None):
     """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
-    without peft) with the adapter itself in ``<path>/adapter``."""
+    without peft) with the adapter itself in ``<path>/adapter``. ``state_dict``: the full weights of a
+    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.fsdp.full_state_dict``)."""
     from pathlib import Path
 
     path = Path(path)
@@ -224,6 +225,10 @@ def save_final(model: Any, tokenizer: Any, path: Any):
     if is_peft(model):
         model.save_pretrained(path / "adapter")
         copy.deepcopy(model).merge_and_unload().save_pretrained(path)
+    elif state_dict is not None:
+        from grouprl.train.fsdp import save_full
+
+        save_full(model, path, state_dict)
     else:
         model.save_pretrained(path)
     if tokenizer is not None:
