@@ -91,9 +91,10 @@ def layer_classes(model: torch.nn.Module, names: list[str] | None) -> tuple[type
     found = {type(m).__name__: type(m) for m in model.modules()}
     missing = [n for n in wanted if n not in found]
     if missing:
+        own = getattr(model, "_no_split_modules", None)
         raise ConfigError(f"fsdp_transformer_layer_cls_to_wrap names {missing}, which this model does not have. "
-                          f"Fix: use one of its layer classes ({', '.join(sorted(set(found) & set(wanted)) or 'e.g. its decoder layer')}), "
-                          f"or leave it unset (the model's _no_split_modules: {getattr(model, '_no_split_modules', None)}).")
+                          f"Fix: name its decoder layer class ({own}), or leave the setting out (then the "
+                          f"model's _no_split_modules are used).")
     return tuple(found[n] for n in wanted)
 
 
