@@ -223,6 +223,10 @@ class Dist:
             if reference is not None and not getattr(reference, "shared", True):
                 fsdp.shard(reference.model)
         self.sharded = True
+        if self.is_main:
+            print(f"grouprl: FSDP2: {len(fsdp.units_of(model))} units (decoder layers + root) sharded over "
+                  f"{self.world} processes{' (and the reference model)' if reference is not None and not reference.shared else ''}; "
+                  f"gradients summed over ranks", file=sys.stderr, flush=True)
         return True
 
     def full_weights(self, model: Any) -> Any:
