@@ -30,8 +30,10 @@ def full_params(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str) -> dict[str, torch.Tensor]:
-    """``train_two_steps`` on this rank's share, with the policy sharded by FSDP2 before the optimizer is built."""
+def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str,
+                   checkpointing: bool = False) -> dict[str, torch.Tensor]:
+    """``train_two_steps`` on this rank's share, with the policy sharded by FSDP2 before the optimizer is built
+    (after activation checkpointing is switched on, as the loop does, when ``checkpointing``)."""
     from transformers import AutoModelForCausalLM
 
     from grouprl.builtins import load_builtins
@@ -39,7 +41,7 @@ def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str) -> dic
     from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from grouprl.train import dist
     from grouprl.train.metrics import Timers
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.model import build_optimizer, enable_checkpointing
     from grouprl.train.round import RoundBatch, RunContext, micro_batches
     from grouprl.train.step import LossSpec, optimizer_step
 
@@ -47,6 +49,8 @@ def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str) -> dic
     d = dist.current()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if checkpointing:
+        enable_checkpointing(model)
     assert d.shard(model) and d.sharded
     share = ROWS_PER_STEP // d.world
     cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=share // ga, gradient_accumulation_steps=ga,
@@ -96,6 +100,7 @@ def lean_with_full_weights(model_dir: str) -> dict:
 def all_cases(model_dir: str, cases: list) -> dict:
     os.environ.update(FSDP_ENV)
     out: dict = {case: fsdp_two_steps(model_dir, *case) for case in cases}
+    out["checkpointing"] = fsdp_two_steps(model_dir, "token_mean", 2, "sgd", checkpointing=True)
     out["lean"] = lean_with_full_weights(model_dir)
     return out
 
@@ -119,6 +124,8 @@ def test_fsdp_ranks_match_one_process(tiny_model_dir, fsdp_ranks):
             worst = max(float((got[case][k] - one[k]).abs().max()) for k in one)
             # SGD: a gradient 2x too small (FSDP's default mean) would differ by ~1e-3; AdamW: see dist_workers
             assert worst <= (1e-5 if case[2] == "adamw" else 1e-6), f"{case}: rank {r} differs by {worst:.3g}"
+            if case == ("token_mean", 2, "sgd"):  # the same with activation checkpointing under FSDP
+                assert max(float((got["checkpointing"][k] - one[k]).abs().max()) for k in one) <= 1e-6
 
 
 def test_sharded_model_generates_whole_on_one_rank(tiny_model_dir, fsdp_ranks):
