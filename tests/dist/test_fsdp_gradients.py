@@ -94,21 +94,74 @@ def lean_with_full_weights(model_dir: str) -> dict:
                                              do_sample=False)[:, 6:]
     d.check()
     out["sharded_again"] = type(model.model.layers[0].self_attn.q_proj.weight).__name__
+    from grouprl.train.model import save_final
+
+    try:  # one rank cannot save a sharded model by itself: a clear error instead of a hang or a partial file
+        save_final(model, None, os.path.join(os.path.dirname(model_dir), f"alone{d.rank}"))
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        out["save_error"] = f"{type(e).__name__}: {e}"
     return out
 
 
-def all_cases(model_dir: str, cases: list) -> dict:
+def resume_plain_checkpoint(model_dir: str, checkpoint: str) -> dict:
+    """A checkpoint saved by one process without FSDP, loaded into a sharded model and AdamW."""
+    from pathlib import Path
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from transformers import AutoModelForCausalLM
+
+    from grouprl.config import GRPOConfig
+    from grouprl.train import dist
+    from grouprl.train.checkpoint import load_checkpoint
+    from grouprl.train.model import build_optimizer
+
+    d = dist.current()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    d.shard(model)
+    optimizer, scheduler = build_optimizer(model, GRPOConfig(learning_rate=1e-3, max_steps=4), 4)
+    load_checkpoint(Path(checkpoint), model, optimizer, scheduler)
+    optim = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {"params": full_params(model), "optim": optim["state"], "lr": scheduler.get_last_lr()}
+
+
+def plain_checkpoint(model_dir: str, root) -> tuple:
+    """One process, one AdamW step, a checkpoint: (its path, parameters, optimizer state by name)."""
+    from transformers import AutoModelForCausalLM
+
+    from grouprl.config import GRPOConfig
+    from grouprl.train.checkpoint import save_checkpoint
+    from grouprl.train.model import build_optimizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer, scheduler = build_optimizer(model, GRPOConfig(learning_rate=1e-3, max_steps=4), 4)
+    ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(5))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+    scheduler.step()
+    path = save_checkpoint(root, 1, model, None, optimizer, scheduler, {})
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    state = {names[i]: v for i, v in optimizer.state_dict()["state"].items()}
+    return path, {k: v.detach().clone() for k, v in model.named_parameters()}, state, scheduler.get_last_lr()
+
+
+def all_cases(model_dir: str, cases: list, plain: str) -> dict:
     os.environ.update(FSDP_ENV)
     out: dict = {case: fsdp_two_steps(model_dir, *case) for case in cases}
+    out["plain_resume"] = resume_plain_checkpoint(model_dir, plain)
     out["checkpointing"] = fsdp_two_steps(model_dir, "token_mean", 2, "sgd", checkpointing=True)
     out["lean"] = lean_with_full_weights(model_dir)
     return out
 
 
 @pytest.fixture(scope="module")
-def fsdp_ranks(tiny_model_dir, tmp_path_factory):
-    results = run_ranks(all_cases, 2, str(tiny_model_dir), CASES, workdir=tmp_path_factory.mktemp("fsdp"),
-                        timeout=300)
+def plain(tiny_model_dir, tmp_path_factory):
+    return plain_checkpoint(str(tiny_model_dir), tmp_path_factory.mktemp("plain"))
+
+
+@pytest.fixture(scope="module")
+def fsdp_ranks(tiny_model_dir, tmp_path_factory, plain):
+    results = run_ranks(all_cases, 2, str(tiny_model_dir), CASES, str(plain[0]),
+                        workdir=tmp_path_factory.mktemp("fsdp"), timeout=300)
     return values(results)
 
 
@@ -141,3 +194,23 @@ def test_sharded_model_generates_whole_on_one_rank(tiny_model_dir, fsdp_ranks):
     expected = lean_sample(model, ids, torch.ones_like(ids), 2, max_new_tokens=5, temperature=0.0)
     assert torch.equal(r0["lean"], expected)
     assert torch.equal(r0["generate"], expected[::2])  # generate, with transformers' synced_gpus kept off
+
+
+def test_one_process_checkpoint_resumes_sharded(fsdp_ranks, plain):
+    """Saved without FSDP (full weights, optimizer state by index), loaded on 2 FSDP ranks: every rank's
+    shards hold exactly the saved weights and AdamW moments, and the schedule carries on."""
+    _, params, state, lr = plain
+    for r in fsdp_ranks:
+        got = r["plain_resume"]
+        assert got["params"].keys() == params.keys()
+        assert all(torch.equal(got["params"][k], v) for k, v in params.items())
+        assert got["optim"].keys() == state.keys()
+        for k, moments in state.items():
+            for m in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(got["optim"][k][m], moments[m]), (k, m)
+        assert got["lr"] == lr
+
+
+def test_a_sharded_model_is_not_saved_by_one_rank(fsdp_ranks):
+    for r in fsdp_ranks:
+        assert "sharded with FSDP" in r["lean"]["save_error"] and "final" in r["lean"]["save_error"]

@@ -250,14 +250,25 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
 
 
 def _load_plain(path: Path, model: Any, optimizer: Any, optimizer_state: dict) -> None:
-    from grouprl.train.fsdp import is_sharded
+    from grouprl.train.fsdp import is_sharded, load_full
 
-    if is_sharded(model):
-        raise ConfigError(f"checkpoint {str(path)!r} was saved without FSDP (full weights, no distcp/ folder); "
-                          f"an FSDP run resumes only from an FSDP checkpoint. Fix: resume it without FSDP, or "
-                          f"start the FSDP run from its weights (model={str(path)!r}) without resuming.")
+    if is_sharded(model):  # saved without FSDP, resumed with it: every rank takes its shard of the full state
+        load_full(model, optimizer, _read_weights(path), optimizer_state)
+        return
     _load_weights(path, model)
     optimizer.load_state_dict(optimizer_state)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise ConfigError(f"checkpoint {str(path)!r} has no model*.safetensors files.")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    return weights
 
 
 def _load_weights(path: Path, model: Any) -> None:
@@ -269,14 +280,7 @@ def _load_weights(path: Path, model: Any) -> None:
 
         set_peft_model_state_dict(model, load_peft_weights(str(path), device="cpu"))
         return
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("model*.safetensors"))
-    if not files:
-        raise ConfigError(f"checkpoint {str(path)!r} has no model*.safetensors files.")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
+    weights = _read_weights(path)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:

@@ -191,10 +191,16 @@ def load_shards(folder: Path, model: Any, optimizer: Any) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor]) -> None:
+def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
     """``save_pretrained`` of the gathered ``state_dict`` (rank 0), naming the model's own class in
     ``config.json`` (``FSDPQwen2ForCausalLM`` is FSDP's wrapper class; it is no model class to load)."""
     import json
+
+    if state_dict is None:
+        raise ConfigError(f"this model is sharded with FSDP over the ranks: one rank cannot save it alone (to "
+                          f"{str(path)!r}). Fix: use <output_dir>/final, which the trainer gathers and saves, or "
+                          f"gather on every rank with dist.current().full_state_dict(model) and pass it to "
+                          f"save_final(..., state_dict=...) on rank 0.")
 
     before = getattr(model.config, "architectures", None)
     model.save_pretrained(path, state_dict=state_dict)
@@ -203,3 +209,22 @@ def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor]) -> No
     data = json.loads(config.read_text())
     data["architectures"] = [name.removeprefix("FSDP") for name in data.get("architectures") or []] or None
     config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def load_full(model: Any, optimizer: Any, weights: dict[str, torch.Tensor], optimizer_state: dict) -> None:
+    """A checkpoint saved without FSDP (full ``weights``; ``optimizer_state`` = ``optimizer.state_dict()``,
+    keyed by parameter index) into a sharded ``model`` / ``optimizer``: the indices are the trainable
+    parameters in ``named_parameters`` order, as ``build_optimizer`` listed them; every rank keeps its shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    groups = optimizer_state["param_groups"]
+    index = [i for g in groups for i in g["params"]]
+    if len(index) != len(names):
+        raise ConfigError(f"the checkpoint's optimizer holds {len(index)} parameters, this model trains "
+                          f"{len(names)}: it was saved for another model or LoRA setting.")
+    name = dict(zip(index, names))
+    optim = {"state": {name[i]: v for i, v in optimizer_state["state"].items()},
+             "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in groups]}
+    set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
+                   options=StateDictOptions(full_state_dict=True, strict=False))

@@ -225,12 +225,13 @@ def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = 
     if is_peft(model):
         model.save_pretrained(path / "adapter")
         copy.deepcopy(model).merge_and_unload().save_pretrained(path)
-    elif state_dict is not None:
-        from grouprl.train.fsdp import save_full
-
-        save_full(model, path, state_dict)
     else:
-        model.save_pretrained(path)
+        from grouprl.train.fsdp import is_sharded, save_full
+
+        if state_dict is not None or is_sharded(model):
+            save_full(model, path, state_dict)
+        else:
+            model.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path
