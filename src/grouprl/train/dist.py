@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
+from grouprl.train.fsdp import Sharding
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
 """Seconds any collective may wait for the other ranks (default 1800: rank 0 evaluating while the
@@ -51,7 +52,7 @@ class PeerFailure(GroupRLError, RuntimeError):
     """Another rank raised; this rank stops with that rank's error."""
 
 
-class Dist:
+class Dist(Sharding):
     """This process's place in the run: ``rank`` of ``world``; collectives that are no-ops alone."""
 
     def __init__(self, state: Any = None) -> None:
@@ -208,72 +209,6 @@ class Dist:
         with self._collective():
             tdist.gather_object(obj, out, dst=0)
         return out
-
-    # ---- FSDP2 (train/fsdp.py): no-ops unless accelerate's environment asks for it ---------------------
-    def shard(self, model: Any, reference: Any = None) -> bool:
-        """Shard ``model`` (and the reference copy, if it has its own) with FSDP2 when accelerate is
-        configured for FSDP and several processes run; returns whether it did."""
-        from grouprl.train import fsdp
-
-        if not (self.enabled and fsdp.requested()):
-            return False
-        self.check()
-        with self.failures():
-            fsdp.shard(model)
-            if reference is not None and not getattr(reference, "shared", True):
-                fsdp.shard(reference.model)
-        self.sharded = True
-        if self.is_main:
-            print(f"grouprl: FSDP2: {len(fsdp.units_of(model))} units (decoder layers + root) sharded over "
-                  f"{self.world} processes{' (and the reference model)' if reference is not None and not reference.shared else ''}; "
-                  f"gradients summed over ranks", file=sys.stderr, flush=True)
-        return True
-
-    def full_weights(self, model: Any) -> Any:
-        """A context in which a sharded model is whole on every rank (generation, evaluation); every rank
-        enters it. A no-op without FSDP."""
-        from contextlib import nullcontext
-
-        from grouprl.train import fsdp
-
-        if not self.sharded:
-            return nullcontext()
-        self.check()
-        return fsdp.full_weights(model)
-
-    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
-        """``fn`` called inside :meth:`full_weights` (on every rank)."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.full_weights(model):
-                return fn(*args, **kwargs)
-        return call
-
-    def full_state_dict(self, model: Any) -> dict | None:
-        """A sharded model's full weights on rank 0 (``{}`` elsewhere; every rank calls it); ``None`` without FSDP."""
-        from grouprl.train import fsdp
-
-        if not self.sharded:
-            return None
-        self.check()
-        with self.failures():
-            return fsdp.full_state_dict(model)
-
-    def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
-        """FSDP: every rank writes its model and optimizer shards into the checkpoint being written
-        (``.tmp-checkpoint-<step>/distcp``, torch.distributed.checkpoint); rank 0 then adds the rest. Returns
-        whether it did (False without FSDP)."""
-        import shutil
-
-        from grouprl.train import checkpoint, fsdp
-
-        if not self.sharded:
-            return False
-        tmp = checkpoint.tmp_checkpoint(output_dir, step)
-        self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
-        self.check()
-        with self.failures():
-            fsdp.save_shards(tmp / fsdp.SHARDS, model, optimizer)
-        return True
 
     # ---- what the loop asks -----------------------------------------------------------------------
     def global_totals(self, totals: dict[str, int]) -> dict[str, int]:

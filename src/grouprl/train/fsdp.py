@@ -18,21 +18,25 @@ shards (DTensor) and AdamW steps each shard.
 
 Generation. The lean sampler reads the parameters directly and ``generate`` runs many forwards whose
 number may differ between ranks (rank 0 evaluates alone, agent turns), so a generation round and an
-evaluation run inside :func:`full_weights`: every unit is unsharded once (one all-gather per unit, every
+evaluation run inside :func:`unsharded`: every unit is unsharded once (one all-gather per unit, every
 rank), resharding after forward is switched off, and no collective happens until the block ends
 (transformers' ``synced_gpus`` is kept off too). Memory: the full policy on every rank while generating.
 
 Checkpoints hold the sharded model and optimizer through ``torch.distributed.checkpoint`` (DCP,
 ``<checkpoint>/distcp``, keys of ``get_state_dict``: parameter names, whatever the sharding), which any
-number of ranks -- one process without FSDP too -- can load. ``final/`` is a plain ``save_pretrained``
-folder of the full state dict gathered on rank 0 (:func:`full_state_dict`).
+number of ranks -- one process without FSDP too -- can load; a checkpoint saved without FSDP loads into
+the shards too (:func:`load_full`). ``final/`` is a plain ``save_pretrained`` folder of the full state dict
+gathered on rank 0 (:func:`gather_state_dict`).
+
+The loop reaches all of this through ``train.dist.Dist``, whose FSDP methods are :class:`Sharding`'s.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +102,7 @@ def layer_classes(model: torch.nn.Module, names: list[str] | None) -> tuple[type
     return tuple(found[n] for n in wanted)
 
 
-def shard(model: torch.nn.Module) -> list[Any]:
+def shard_model(model: torch.nn.Module) -> list[Any]:
     """``fully_shard`` every decoder layer, then the root, with the plugin's settings; every unit sums
     gradients over ranks (no division). Returns the FSDP units, root last. In place."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -133,7 +137,7 @@ def is_sharded(model: Any) -> bool:
 
 
 @contextmanager
-def full_weights(model: Any) -> Iterator[None]:
+def unsharded(model: Any) -> Iterator[None]:
     """The whole model unsharded on every rank for the block (call it on every rank): each parameter is
     a plain full tensor (the lean sampler reads them directly), forwards neither gather nor reshard,
     and ``generate`` does not sync ranks -- so ranks may run different numbers of forwards inside.
@@ -160,7 +164,7 @@ def full_weights(model: Any) -> Iterator[None]:
             unit.set_reshard_after_forward(layers if unit is not model else False, recurse=False)  # root: as FSDP
 
 
-def full_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
+def gather_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     """The full (unsharded) state dict on rank 0, on the CPU; ``{}`` on the other ranks (every rank must
     call it: it gathers). ``None`` for a model that is not sharded."""
     if not is_sharded(model):
@@ -170,7 +174,7 @@ def full_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def save_shards(folder: Path, model: Any, optimizer: Any) -> None:
+def save_sharded(folder: Path, model: Any, optimizer: Any) -> None:
     """Every rank writes its shards of the model and the optimizer into ``folder`` (DCP; collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -228,3 +232,67 @@ def load_full(model: Any, optimizer: Any, weights: dict[str, torch.Tensor], opti
              "param_groups": [{**g, "params": [name[i] for i in g["params"]]} for g in groups]}
     set_state_dict(model, optimizer, model_state_dict=weights, optim_state_dict=optim,
                    options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+class Sharding:
+    """The FSDP2 part of ``train.dist.Dist`` (its ranks, collectives and failure flag): no-ops unless
+    accelerate's environment asks for FSDP and several processes run."""
+
+    sharded = False  # set by shard()
+
+    def shard(self, model: Any, reference: Any = None) -> bool:
+        """Shard ``model`` (and the reference copy, if it has its own) with FSDP2 when accelerate is
+        configured for FSDP and several processes run; returns whether it did."""
+        if not (self.enabled and requested()):
+            return False
+        self.check()
+        with self.failures():
+            shard_model(model)
+            if reference is not None and not getattr(reference, "shared", True):
+                shard_model(reference.model)
+        self.sharded = True
+        if self.is_main:
+            print(f"grouprl: FSDP2: {len(units_of(model))} units (decoder layers + root) sharded over "
+                  f"{self.world} processes{' (and the reference model)' if reference is not None and not reference.shared else ''}; "
+                  f"gradients summed over ranks", file=sys.stderr, flush=True)
+        return True
+
+    def full_weights(self, model: Any) -> Any:
+        """A context in which a sharded model is whole on every rank (generation, evaluation); every rank
+        enters it. A no-op without FSDP."""
+        if not self.sharded:
+            return nullcontext()
+        self.check()
+        return unsharded(model)
+
+    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
+        """``fn`` called inside :meth:`full_weights` (on every rank)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.full_weights(model):
+                return fn(*args, **kwargs)
+        return call
+
+    def full_state_dict(self, model: Any) -> dict | None:
+        """A sharded model's full weights on rank 0 (``{}`` elsewhere; every rank calls it); ``None`` without FSDP."""
+        if not self.sharded:
+            return None
+        self.check()
+        with self.failures():
+            return gather_state_dict(model)
+
+    def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
+        """FSDP: every rank writes its model and optimizer shards into the checkpoint being written
+        (``.tmp-checkpoint-<step>/distcp``, torch.distributed.checkpoint); rank 0 then adds the rest. Returns
+        whether it did (False without FSDP)."""
+        import shutil
+
+        from grouprl.train import checkpoint
+
+        if not self.sharded:
+            return False
+        tmp = checkpoint.tmp_checkpoint(output_dir, step)
+        self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
+        self.check()
+        with self.failures():
+            save_sharded(tmp / SHARDS, model, optimizer)
+        return True

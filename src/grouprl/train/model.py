@@ -217,7 +217,7 @@ def enable_checkpointing(model: Any) -> None:
 def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = None):
     """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
     without peft) with the adapter itself in ``<path>/adapter``. ``state_dict``: the full weights of a
-    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.fsdp.full_state_dict``)."""
+    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.fsdp.gather_state_dict``)."""
     from pathlib import Path
 
     path = Path(path)
