@@ -59,3 +59,16 @@ def test_layer_classes_come_from_the_config_or_the_model(tiny_model_dir):
     assert [c.__name__ for c in layer_classes(model, ["Qwen2MLP"])] == ["Qwen2MLP"]
     with pytest.raises(ConfigError, match="LlamaDecoderLayer"):
         layer_classes(model, ["LlamaDecoderLayer"])
+
+
+def test_an_fsdp_checkpoint_given_as_a_model_names_the_fix(tiny_model_dir, tmp_path):
+    import shutil
+
+    import torch
+
+    from grouprl.train.model import load_model
+
+    shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
+    (tmp_path / "distcp").mkdir()  # what an FSDP checkpoint holds instead of model.safetensors
+    with pytest.raises(ConfigError, match="checkpoint of an FSDP run.*final/.*dcp_to_torch"):
+        load_model(str(tmp_path), torch.device("cpu"))

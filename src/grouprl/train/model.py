@@ -111,8 +111,10 @@ def load_model(model: Any, device: torch.device):
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except OSError as e:
-            raise ConfigError(f"model {model!r} could not be loaded ({e}). Give a hub id, a local directory "
-                              f"with config.json, or builtin:<name>.") from e
+            from grouprl.train.fsdp import checkpoint_hint
+
+            raise ConfigError(f"model {model!r} could not be loaded ({e}). " + (checkpoint_hint(path) or (
+                "Give a hub id, a local directory with config.json, or builtin:<name>."))) from e
     return model.to(device)
 
 
