@@ -72,3 +72,17 @@ def test_an_fsdp_checkpoint_given_as_a_model_names_the_fix(tiny_model_dir, tmp_p
     (tmp_path / "distcp").mkdir()  # what an FSDP checkpoint holds instead of model.safetensors
     with pytest.raises(ConfigError, match="checkpoint of an FSDP run.*final/.*dcp_to_torch"):
         load_model(str(tmp_path), torch.device("cpu"))
+
+
+def test_the_example_accelerate_config_is_fsdp2_and_is_the_one_documented():
+    from pathlib import Path
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    root = Path(__file__).resolve().parents[2]
+    path = root / "examples" / "accelerate" / "fsdp2.yaml"
+    config = load_config_from_file(str(path))
+    assert config.distributed_type == "FSDP" and config.fsdp_config["fsdp_version"] == 2
+    assert config.fsdp_config["fsdp_offload_params"] is False  # offloading is refused
+    body = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#"))
+    assert f"```yaml\n{body}```" in (root / "docs" / "DISTRIBUTED.md").read_text()
