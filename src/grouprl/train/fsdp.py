@@ -116,7 +116,7 @@ def shard_model(model: torch.nn.Module) -> list[Any]:
             fully_shard(module, **kwargs)
     fully_shard(model, mp_policy=kwargs["mp_policy"])
     units = units_of(model)
-    model._grouprl_reshard_after_forward = bool(kwargs["reshard_after_forward"])  # restored by full_weights
+    model._grouprl_reshard_after_forward = bool(kwargs["reshard_after_forward"])  # restored by unsharded()
     for unit in units:
         unit.set_gradient_divide_factor(1.0)  # the loss is normalised globally: SUM, never the mean
         unit.set_force_sum_reduction_for_comms(True)  # a plain SUM reduce-scatter (gloo: no PREMUL_SUM)
@@ -218,7 +218,7 @@ def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None
 
     before = getattr(model.config, "architectures", None)
     model.save_pretrained(path, state_dict=state_dict)
-    model.config.architectures = before  # save_pretrained sets it on the live config
+    model.config.architectures = before  # as it was, whatever save_pretrained set on the live config
     config = Path(path) / "config.json"
     data = json.loads(config.read_text())
     data["architectures"] = [name.removeprefix("FSDP") for name in data.get("architectures") or []] or None
