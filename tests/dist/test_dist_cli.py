@@ -59,12 +59,21 @@ def test_resample_and_vllm_are_accepted_on_several_processes():
         check_config(GRPOConfig(rollout_backend="vllm"), world)
 
 
-def test_fsdp_and_deepspeed_launches_are_refused(monkeypatch):
+def test_fsdp_version_1_is_refused(monkeypatch):
     from grouprl.train import dist
 
-    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # FSDP_VERSION unset: accelerate's FSDP1
     with pytest.raises(ConfigError, match="FSDP"):
         dist._partial_state()
+
+
+def test_ppo_on_several_processes_is_refused():
+    from grouprl.config import GRPOConfig
+    from grouprl.train.dist import check_config
+
+    with pytest.raises(ConfigError, match="algorithm='ppo' with 2 processes"):
+        check_config(GRPOConfig(algorithm="ppo"), 2)
+    check_config(GRPOConfig(algorithm="ppo"), 1)
 
 
 def test_one_process_has_no_ranks():

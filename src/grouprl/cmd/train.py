@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from grouprl.train import dist
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
+    dist.check_config(cfg, ranks.world)  # what N processes cannot run, before any model loads
     if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run), N ranks too
         from grouprl.train.dpo_run import run_dpo
 

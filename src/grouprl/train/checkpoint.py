@@ -4,6 +4,9 @@ Layout of ``<output_dir>/checkpoint-<step>/``:
   model files (``save_pretrained``: loads in transformers / vLLM unchanged; an adapter for LoRA runs),
   tokenizer files, ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, step, and the
   unfinished generation round, if any) and ``trainer_state.json`` (the human-readable part).
+A run sharded with FSDP (``grouprl.train.fsdp``) writes instead of the model files and the optimizer
+state ``distcp/`` (torch.distributed.checkpoint: every rank's shards of the model and the optimizer,
+loadable on any number of ranks, or one process) next to ``config.json``; ``trainer_state.pt`` keeps the rest.
 A checkpoint is written to ``.tmp-checkpoint-<step>``, flushed to disk (fsync) and renamed when complete;
 ``final/`` likewise (:func:`save_final_atomic`), so a kill never leaves a folder that looks finished.
 The state also records the byte lengths of ``metrics.jsonl`` / ``samples.jsonl`` at the save
@@ -59,20 +62,32 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def tmp_checkpoint(output_dir: str | Path, step: int) -> Path:
+    """Where checkpoint-<step> is written before its rename."""
+    return Path(output_dir) / f".tmp-checkpoint-{step}"
+
+
 def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any,
-                    scheduler: Any, state: dict[str, Any], *, total_limit: int | None = None) -> Path:
-    """Write checkpoint-<step> atomically; ``state`` holds data position, round buffer, metrics history."""
+                    scheduler: Any, state: dict[str, Any], *, total_limit: int | None = None,
+                    sharded: bool = False) -> Path:
+    """Write checkpoint-<step> atomically; ``state`` holds data position, round buffer, metrics history.
+    ``sharded``: every rank has already written the model and optimizer shards into
+    ``tmp_checkpoint(...)/distcp`` (``Dist.save_shards``); only the config is added here."""
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{step}"
-    tmp = root / f".tmp-checkpoint-{step}"
-    if tmp.exists():
+    tmp = tmp_checkpoint(root, step)
+    if tmp.exists() and not sharded:
         shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
+    if sharded:
+        model.config.save_pretrained(tmp)
+    else:
+        model.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state(),
-                "step": step, **state}, tmp / "trainer_state.pt")
+    optim = {} if sharded else {"optimizer": optimizer.state_dict()}
+    torch.save({**optim, "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, **state},
+               tmp / "trainer_state.pt")
     summary = {"step": step, "data": state.get("data"), "history": state.get("history", []),
                "log_bytes": state.get("log_bytes"), "config": state.get("config")}
     (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1, default=str))
@@ -109,9 +124,11 @@ def fsync_tree(path: Path, *, files: bool = True) -> None:
         os.close(fd)
 
 
-def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: int) -> Path:
+def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: int,
+                      state_dict: dict | None = None) -> Path:
     """Write ``<output_dir>/final`` as a whole or not at all: into ``.tmp-final``, fsync, mark it complete
-    (``final/.complete`` holds the step), then rename over any earlier ``final/``."""
+    (``final/.complete`` holds the step), then rename over any earlier ``final/``. ``state_dict``: the
+    gathered full weights of a sharded model (``Dist.full_state_dict``)."""
     from grouprl.train.model import save_final
     from grouprl.train.output_dir import COMPLETE
 
@@ -120,7 +137,7 @@ def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: 
     for leftover in (tmp, old):
         if leftover.exists():
             shutil.rmtree(leftover)
-    save_final(model, tokenizer, tmp)
+    save_final(model, tokenizer, tmp, state_dict=state_dict)
     (tmp / COMPLETE).write_text(f"{step}\n")
     fsync_tree(tmp)
     if final.exists():
@@ -203,8 +220,13 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     the CPU, and the next forward would otherwise mix devices.
     """
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
-    _load_weights(path, model)
-    optimizer.load_state_dict(state.pop("optimizer"))
+    if (path / "distcp").is_dir():  # an FSDP checkpoint: loads into FSDP on any number of ranks, or one process
+        from grouprl.train.fsdp import load_shards
+
+        load_shards(path / "distcp", model, optimizer)
+    else:
+        _load_plain(path, model, optimizer, state.pop("optimizer"))
+    state.pop("optimizer", None)
     scheduler.load_state_dict(state.pop("scheduler"))
     set_rng_state(state.pop("rng"))
     if state.get("round") is not None:
@@ -227,6 +249,28 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     return obj
 
 
+def _load_plain(path: Path, model: Any, optimizer: Any, optimizer_state: dict) -> None:
+    from grouprl.train.fsdp import is_sharded, load_full
+
+    if is_sharded(model):  # saved without FSDP, resumed with it: every rank takes its shard of the full state
+        load_full(model, optimizer, _read_weights(path), optimizer_state)
+        return
+    _load_weights(path, model)
+    optimizer.load_state_dict(optimizer_state)
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise ConfigError(f"checkpoint {str(path)!r} has no model*.safetensors files.")
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        weights.update(load_file(str(f)))
+    return weights
+
+
 def _load_weights(path: Path, model: Any) -> None:
     from grouprl.train.model import is_peft
 
@@ -236,14 +280,7 @@ def _load_weights(path: Path, model: Any) -> None:
 
         set_peft_model_state_dict(model, load_peft_weights(str(path), device="cpu"))
         return
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("model*.safetensors"))
-    if not files:
-        raise ConfigError(f"checkpoint {str(path)!r} has no model*.safetensors files.")
-    weights: dict[str, torch.Tensor] = {}
-    for f in files:
-        weights.update(load_file(str(f)))
+    weights = _read_weights(path)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {k for k in missing if "lm_head" in k}
     if set(missing) - tied or unexpected:

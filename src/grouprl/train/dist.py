@@ -18,7 +18,9 @@ What N processes mean (``docs/DISTRIBUTED.md``):
   parameters stay replicated. This is DDP's all-reduce without its mean (DDP divides by N; with a
   global-count normaliser that would shrink the step N-fold) and without its per-backward hooks, so
   ranks may run different numbers of micro-batch backwards (dynamic sampling ``drop``).
-  Hand-written because it is ~10 lines and exact; sharded training (FSDP / DeepSpeed) is not supported.
+  Hand-written because it is ~10 lines and exact. With FSDP2 (``train/fsdp.py``, when accelerate is
+  configured for it) the weights and optimizer states are sharded instead, and FSDP's reduce-scatter sums
+  the gradients (its division by N switched off); DeepSpeed is not supported.
 * Failures. Every collective here first all-reduces an error flag. A rank that raises calls
   :meth:`Dist.fail` from :meth:`Dist.failures`, which joins that flag with 1 and sends its message; the
   other ranks, at their next collective, raise :class:`PeerFailure` naming the rank and the error.
@@ -38,6 +40,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
+from grouprl.train.fsdp import Sharding
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
 """Seconds any collective may wait for the other ranks (default 1800: rank 0 evaluating while the
@@ -49,7 +52,7 @@ class PeerFailure(GroupRLError, RuntimeError):
     """Another rank raised; this rank stops with that rank's error."""
 
 
-class Dist:
+class Dist(Sharding):
     """This process's place in the run: ``rank`` of ``world``; collectives that are no-ops alone."""
 
     def __init__(self, state: Any = None) -> None:
@@ -57,6 +60,7 @@ class Dist:
         self.rank = int(state.process_index) if state is not None else 0
         self.world = int(state.num_processes) if state is not None else 1
         self._in_collective = self._broken = False  # broken: a collective raised (peer gone, timeout)
+        self.sharded = False  # FSDP2 (train/fsdp.py): set by shard()
 
     @property
     def is_main(self) -> bool:
@@ -164,7 +168,7 @@ class Dist:
 
     def sum_gradients(self, params: list[torch.Tensor]) -> None:
         """All-reduce-SUM the gradients of ``params`` (a missing gradient counts as zeros), in one buffer."""
-        if not self.enabled or not params:
+        if not self.enabled or not params or self.sharded:  # FSDP: its reduce-scatter summed them already
             return
         import torch.distributed as tdist
 
@@ -322,9 +326,18 @@ class NullLogger:
 
 
 def check_config(cfg: Any, world: int) -> None:
-    """What N processes cannot run, named before any model loads. Nothing at present: dynamic sampling
-    (``drop``, ``resample``: ranks draw extra prompts in lock-step, ``train.round``) and
-    ``rollout_backend: vllm`` (an engine per rank, or one server that rank 0 drives) run on N processes."""
+    """What N processes cannot run, named before any model loads. Data parallel runs everything (dynamic
+    sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``train.round``;
+    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives); FSDP has its own limits
+    (``train.fsdp.check_config``). PPO (``train.ppo``, its own loop with a critic) runs on one process."""
+    if world > 1 and cfg.algorithm == "ppo":
+        raise ConfigError(f"algorithm='ppo' with {world} processes is not supported (its loop and critic run on "
+                          f"one process). Fix: launch one process, or algorithm=grpo / gspo / dpo, which run on "
+                          f"several.")
+    if world > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        from grouprl.train.fsdp import check_config as check_fsdp
+
+        check_fsdp(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -354,11 +367,15 @@ def _partial_state() -> Any:
     except ValueError:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds (e.g. {TIMEOUT_ENV}=600).") from None
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    for flag, name in (("ACCELERATE_USE_FSDP", "FSDP"), ("ACCELERATE_USE_DEEPSPEED", "DeepSpeed")):
-        if os.environ.get(flag, "").lower() in ("1", "true", "yes"):
-            raise ConfigError(f"accelerate is configured for {name} ({flag}=true): grouprl trains with "
-                              f"replicated weights (data parallel) only. Fix: launch without --use_fsdp / "
-                              f"--use_deepspeed (or a --config_file that sets them); see docs/DISTRIBUTED.md.")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+        raise ConfigError("accelerate is configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which grouprl "
+                          "does not support. Fix: shard with FSDP2 instead (accelerate launch --config_file "
+                          "examples/accelerate/fsdp2.yaml ...), or launch data parallel without --use_deepspeed; "
+                          "see docs/DISTRIBUTED.md.")
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        from grouprl.train.fsdp import check_env
+
+        check_env()  # FSDP2 only, no parameter offloading
     return PartialState(cpu=cpu, timeout=timedelta(seconds=seconds))
 
 

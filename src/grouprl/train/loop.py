@@ -67,12 +67,14 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.ppo
         from grouprl.train.ppo import train_ppo
 
+        dist.check_config(cfg, dist.current().world)  # one process only
         return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
                          agent=agent)
     load_builtins()
     ranks = join_ranks(cfg, model)  # rank / world size (accelerate launch); no-ops in one process
     agent = agent if agent is not None else build_agent(cfg)
     autocast, reference = prepare_model(cfg, model)  # fp32 master weights; pi_ref = the starting policy
+    ranks.shard(model, reference)  # FSDP2 when accelerate is configured for it (train/fsdp.py); else a no-op
     spec = loss_spec(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
@@ -91,7 +93,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
                      train_rows, step, total_steps, sampling, agent)
-    run_eval = partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals)
+    run_eval = ranks.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
+        model, partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals))
     watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
 
     def save(step: int) -> Any:
@@ -99,12 +102,13 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                  "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
                  "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
         per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
+        sharded = ranks.save_shards(cfg.output_dir, step, model, optimizer)  # FSDP: every rank writes its shards
         if not ranks.is_main:  # rank 0 writes the (replicated) weights and optimizer, and every rank's state
             return None
         if per_rank is not None:
             state.update(round=None, ranks=per_rank)
         path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
-                                    total_limit=cfg.save_total_limit)
+                                    total_limit=cfg.save_total_limit, sharded=sharded)
         reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
         return path
 
@@ -118,7 +122,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             if rnd is None or round_step >= steps_per_round:  # a new generation round
                 backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
                 ctx.step = step
-                rnd, round_step = generate_round(ctx, stream, timers), 0
+                with ranks.full_weights(model):  # FSDP: the whole policy on every rank while it generates
+                    rnd, round_step = generate_round(ctx, stream, timers), 0
                 rnd.metrics = ranks.mean_metrics(rnd.metrics)  # the round's metrics over every rank
                 watch.check(rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop
             k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round

@@ -111,8 +111,10 @@ def load_model(model: Any, device: torch.device):
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except OSError as e:
-            raise ConfigError(f"model {model!r} could not be loaded ({e}). Give a hub id, a local directory "
-                              f"with config.json, or builtin:<name>.") from e
+            from grouprl.train.fsdp import checkpoint_hint
+
+            raise ConfigError(f"model {model!r} could not be loaded ({e}). " + (checkpoint_hint(path) or (
+                "Give a hub id, a local directory with config.json, or builtin:<name>."))) from e
     return model.to(device)
 
 
@@ -214,9 +216,10 @@ def enable_checkpointing(model: Any) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def save_final(model: Any, tokenizer: Any, path: Any):
+def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = None):
     """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
-    without peft) with the adapter itself in ``<path>/adapter``."""
+    without peft) with the adapter itself in ``<path>/adapter``. ``state_dict``: the full weights of a
+    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.fsdp.gather_state_dict``)."""
     from pathlib import Path
 
     path = Path(path)
@@ -225,7 +228,12 @@ def save_final(model: Any, tokenizer: Any, path: Any):
         model.save_pretrained(path / "adapter")
         copy.deepcopy(model).merge_and_unload().save_pretrained(path)
     else:
-        model.save_pretrained(path)
+        from grouprl.train.fsdp import is_sharded, save_full
+
+        if state_dict is not None or is_sharded(model):
+            save_full(model, path, state_dict)
+        else:
+            model.save_pretrained(path)
     if tokenizer is not None:
         tokenizer.save_pretrained(path)
     return path

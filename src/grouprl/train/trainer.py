@@ -160,8 +160,9 @@ class GRPOTrainer:
             resume = ranks.on_main(prepare)
             self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
+            full = ranks.full_state_dict(self.model)  # FSDP: the full weights gathered on rank 0; else None
             final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,
-                                  self.result["global_step"])
+                                  self.result["global_step"], **({} if full is None else {"state_dict": full}))
         self.result["final_model"] = str(final)
         if not ranks.is_main:
             return self.result
