@@ -1,0 +1,136 @@
+"""Peak memory and time of the log-prob passes: ``[N, T, V]`` logits vs the chunked LM head.
+
+The model is ``floor.py``'s medium size (hidden 512, 2 layers, vocabulary 32768, 24.65M parameters, random
+weights, fp32); the batch is 16 sequences of a 26-token prompt and T completion tokens (all real, no
+padding: the worst case for memory). For each mode a fresh child process builds the model and the batch,
+runs one warm-up pass, then measures ``--repeats`` passes:
+
+- ``policy_fwd_bwd``: ``completion_logps`` + the backward of ``-mean(A * logp)`` (the training pass);
+- ``ref_logp``: ``completion_logps`` under ``torch.no_grad`` (reference / old-log-prob pass).
+
+Modes: ``logits_to_keep`` (``logits_chunk_size=0``: the model returns logits of the completion positions,
+``[16, T+1, V]``, then the chunked ``selective_log_softmax``) and ``chunk<k>`` (the decoder to its last
+hidden state, ``k`` positions at a time through the LM head in the forward and the backward,
+``grouprl.algo.lmhead``). Memory is the child's peak RSS (``ru_maxrss``) minus its RSS just before the
+first measured pass (model, batch and imports excluded): what the pass itself adds at its peak.
+
+    OMP_NUM_THREADS=1 python benchmarks/logits_memory.py --out benchmarks/results/logits_memory.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve()
+MODES = {"logits_to_keep": 0, "chunk256": 256, "chunk1024": 1024, "chunk4096": 4096}
+
+
+def _rss_mib() -> float:
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _peak_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def worker(spec: dict) -> dict:
+    import torch
+
+    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
+    from grouprl.train.step import completion_logps
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
+    model = build_tiny_model(build_tokenizer(), hidden_size=512, num_layers=2)
+    model.resize_token_embeddings(spec["vocab"])
+    model.train()
+    N, P, T = 16, 26, spec["T"]
+    prompt = torch.randint(3, 373, (N, P))
+    completion = torch.randint(3, spec["vocab"], (N, T))
+    ones_p, ones_c = torch.ones(N, P, dtype=torch.long), torch.ones(N, T, dtype=torch.long)
+    adv = torch.randn(N, 1)
+    chunk = spec["chunk"]
+
+    def fwd_bwd():
+        logp, _ = completion_logps(model, prompt, ones_p, completion, ones_c, 1.0, with_entropy=True,
+                                   chunk_size=chunk)
+        (-(adv * logp).mean()).backward()
+        model.zero_grad(set_to_none=True)
+        return logp.detach()
+
+    def ref():
+        with torch.no_grad():
+            return completion_logps(model, prompt, ones_p, completion, ones_c, 1.0, chunk_size=chunk)[0]
+
+    out = {"params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 2)}
+    for phase, fn in (("ref_logp", ref), ("policy_fwd_bwd", fwd_bwd)):  # the lighter pass first: its peak is its own
+        before = _rss_mib()
+        first_peak = _peak_mib()
+        logp = fn()  # warm-up, also the memory measurement
+        out[f"{phase}_peak_extra_mib"] = round(max(0.0, _peak_mib() - max(before, first_peak)), 1)
+        times = []
+        for _ in range(spec["repeats"]):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        out[f"{phase}_s"] = round(statistics.median(times), 3)
+        out[f"{phase}_logp_sum"] = float(logp.double().sum())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--T", type=int, default=256, help="completion tokens per sequence")
+    ap.add_argument("--vocab", type=int, default=32768)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per child before it is stopped")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--worker")
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+    results = {}
+    for mode in args.modes.split(","):
+        spec = {"chunk": MODES[mode], "T": args.T, "vocab": args.vocab, "repeats": args.repeats,
+                "threads": args.threads}
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        proc = subprocess.run([sys.executable, str(SCRIPT), "--worker", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=args.timeout, env=env, check=False)
+        if proc.returncode != 0:
+            raise SystemExit(f"logits_memory: mode {mode} failed:\n{proc.stderr[-3000:]}")
+        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
+        print(f"{mode}: {results[mode]}", file=sys.stderr)
+    base = results.get("logits_to_keep")
+    if base:
+        for r in results.values():
+            for phase in ("policy_fwd_bwd", "ref_logp"):
+                r[f"{phase}_memory_vs_logits_to_keep"] = round(
+                    r[f"{phase}_peak_extra_mib"] / max(base[f"{phase}_peak_extra_mib"], 1e-9), 3)
+                r[f"{phase}_time_vs_logits_to_keep"] = round(r[f"{phase}_s"] / base[f"{phase}_s"], 3)
+    result = {"workload": {"N": 16, "prompt_tokens": 26, "T": args.T, "vocab": args.vocab, "hidden": 512,
+                           "layers": 2, "threads": args.threads, "repeats": args.repeats,
+                           "loadavg_start": os.getloadavg()}, "modes": results}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
