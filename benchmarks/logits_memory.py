@@ -2,8 +2,8 @@
 
 The model is ``floor.py``'s medium size (hidden 512, 2 layers, vocabulary 32768, 24.65M parameters, random
 weights, fp32); the batch is 16 sequences of a 26-token prompt and T completion tokens (all real, no
-padding: the worst case for memory). For each mode a fresh child process builds the model and the batch,
-runs one warm-up pass, then measures ``--repeats`` passes:
+padding: the worst case for memory). For each mode and pass a fresh child process builds the model and
+the batch, runs the pass once (memory, and warm-up), then times ``--repeats`` more:
 
 - ``policy_fwd_bwd``: ``completion_logps`` + the backward of ``-mean(A * logp)`` (the training pass);
 - ``ref_logp``: ``completion_logps`` under ``torch.no_grad`` (reference / old-log-prob pass).
@@ -73,19 +73,20 @@ def worker(spec: dict) -> dict:
         with torch.no_grad():
             return completion_logps(model, prompt, ones_p, completion, ones_c, 1.0, chunk_size=chunk)[0]
 
+    phase, fn = spec["phase"], {"ref_logp": ref, "policy_fwd_bwd": fwd_bwd}[spec["phase"]]
     out = {"params_M": round(sum(p.numel() for p in model.parameters()) / 1e6, 2)}
-    for phase, fn in (("ref_logp", ref), ("policy_fwd_bwd", fwd_bwd)):  # the lighter pass first: its peak is its own
-        before = _rss_mib()
-        first_peak = _peak_mib()
-        logp = fn()  # warm-up, also the memory measurement
-        out[f"{phase}_peak_extra_mib"] = round(max(0.0, _peak_mib() - max(before, first_peak)), 1)
-        times = []
-        for _ in range(spec["repeats"]):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        out[f"{phase}_s"] = round(statistics.median(times), 3)
-        out[f"{phase}_logp_sum"] = float(logp.double().sum())
+    before = _rss_mib()
+    first_peak = _peak_mib()
+    logp = fn()  # warm-up, also the memory measurement
+    out[f"{phase}_peak_extra_mib"] = round(max(0.0, _peak_mib() - max(before, first_peak)), 1)
+    out["rss_before_mib"], out["peak_before_mib"] = round(before, 1), round(first_peak, 1)
+    times = []
+    for _ in range(spec["repeats"]):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    out[f"{phase}_s"] = round(statistics.median(times), 3)
+    out[f"{phase}_logp_sum"] = float(logp.double().sum())
     return out
 
 
@@ -103,17 +104,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
-    results = {}
+    results, load_start = {}, os.getloadavg()
     for mode in args.modes.split(","):
-        spec = {"chunk": MODES[mode], "T": args.T, "vocab": args.vocab, "repeats": args.repeats,
-                "threads": args.threads}
-        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        proc = subprocess.run([sys.executable, str(SCRIPT), "--worker", json.dumps(spec)], capture_output=True,
-                              text=True, timeout=args.timeout, env=env, check=False)
-        if proc.returncode != 0:
-            raise SystemExit(f"logits_memory: mode {mode} failed:\n{proc.stderr[-3000:]}")
-        results[mode] = json.loads(proc.stdout.strip().splitlines()[-1])
-        print(f"{mode}: {results[mode]}", file=sys.stderr)
+        results[mode] = {}
+        for phase in ("ref_logp", "policy_fwd_bwd"):
+            spec = {"chunk": MODES[mode], "phase": phase, "T": args.T, "vocab": args.vocab,
+                    "repeats": args.repeats, "threads": args.threads}
+            env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+            proc = subprocess.run([sys.executable, str(SCRIPT), "--worker", json.dumps(spec)], capture_output=True,
+                                  text=True, timeout=args.timeout, env=env, check=False)
+            if proc.returncode != 0:
+                raise SystemExit(f"logits_memory: {mode} {phase} failed:\n{proc.stderr[-3000:]}")
+            part = json.loads(proc.stdout.strip().splitlines()[-1])
+            part = {(k if k.startswith(phase) or k == "params_M" else f"{phase}_{k}"): v for k, v in part.items()}
+            results[mode].update(part)
+            print(f"{mode} {phase}: {part}", file=sys.stderr)
     base = results.get("logits_to_keep")
     if base:
         for r in results.values():
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 r[f"{phase}_time_vs_logits_to_keep"] = round(r[f"{phase}_s"] / base[f"{phase}_s"], 3)
     result = {"workload": {"N": 16, "prompt_tokens": 26, "T": args.T, "vocab": args.vocab, "hidden": 512,
                            "layers": 2, "threads": args.threads, "repeats": args.repeats,
-                           "loadavg_start": os.getloadavg()}, "modes": results}
+                           "loadavg_start": load_start}, "modes": results, "loadavg_end": os.getloadavg()}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

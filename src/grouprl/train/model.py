@@ -159,12 +159,31 @@ def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
                           f"Fix: use all-linear or names among its linear layers: {', '.join(names)}.") from None
 
 
-class Reference:
-    """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy)."""
+def reference_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``ref_dtype`` -> a torch dtype; ``auto`` is bfloat16 on a CUDA device with bf16 support, else float32
+    (on CPU bf16 weights made the reference forward slower, not faster: benchmarks/bf16_cpu.py)."""
+    if name == "auto":
+        bf16 = device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
-    def __init__(self, model: Any) -> None:
+
+class Reference:
+    """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy).
+
+    For full fine-tuning it is a frozen copy stored in ``dtype`` (``ref_dtype``: a bf16 copy takes half the
+    memory of an fp32 one); its log-probs are returned in fp32 whatever the dtype (``train.step``).
+    """
+
+    def __init__(self, model: Any, dtype: str = "float32") -> None:
         self.shared = is_peft(model)
-        self.model = model if self.shared else _frozen_copy(model)
+        if self.shared:
+            self.model = model
+        else:
+            self.model = _frozen_copy(model)
+            want = reference_dtype(dtype, next(model.parameters()).device)
+            if any(p.is_floating_point() and p.dtype != want for p in self.model.parameters()):
+                self.model.to(want)
 
     def context(self):
         return self.model.disable_adapter() if self.shared else contextlib.nullcontext()
