@@ -25,9 +25,10 @@ __all__ = ["linear_log_softmax"]
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
     z = h @ weight.t()
     if bias is not None:
-        z = z + bias
-    # fp32 (fp64 for fp64 inputs) before the division: a bf16 division rounds every logit
-    return z.to(torch.promote_types(z.dtype, torch.float32)) / temperature
+        z += bias
+    # fp32 (fp64 for fp64 inputs) before the division: a bf16 division rounds every logit. z is a fresh
+    # [rows, V] tensor, so it is divided in place (one vocabulary-sized temporary, not two).
+    return z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
@@ -49,7 +50,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
             lse[sl] = torch.logsumexp(z, dim=-1)
             logp[sl] = z.gather(-1, index[sl, None])[:, 0] - lse[sl]
             if with_entropy:  # H = lse - sum p z
-                entropy[sl] = lse[sl] - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+                entropy[sl] = lse[sl] - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
         ctx.save_for_backward(hidden, weight, bias, index, lse)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
         ctx.mark_non_differentiable(entropy)
@@ -72,11 +73,13 @@ class _LinearLogSoftmax(torch.autograd.Function):
             h = hidden[sl].to(cd)
             g_out = grad_logp[sl, None].to(acc)
             # d logp / d z = onehot - softmax(z); times 1/tau for the raw logits W h (+ b)
-            g = torch.exp(_chunk_logits(h, w, b, tau) - lse[sl, None]) * (-g_out / tau)
+            g = _chunk_logits(h, w, b, tau).sub_(lse[sl, None]).exp_().mul_(-g_out / tau)
             g.scatter_add_(-1, index[sl, None], g_out / tau)
             if need_h:
                 grad_h[sl] = (g.to(cd) @ w).to(hidden.dtype)
-            if need_w:
+            if need_w and cd == acc:
+                grad_w.addmm_(g.t(), h)  # in place: no [V, H] temporary per chunk
+            elif need_w:
                 grad_w += (g.t().to(cd) @ h).to(acc)
             if need_b:
                 grad_b += g.sum(dim=0)
