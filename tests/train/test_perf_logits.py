@@ -236,3 +236,22 @@ def test_linear_log_softmax_gradcheck_and_hand_numbers():
     p = 1 / (1 + torch.exp(torch.tensor(-4.0)))
     torch.testing.assert_close(logp, torch.log(p).reshape(1))
     torch.testing.assert_close(entropy, (-(p * torch.log(p) + (1 - p) * torch.log(1 - p))).reshape(1))
+
+
+def test_linear_log_softmax_bf16_inputs_give_fp32_logps_and_bf16_gradients():
+    """bf16 head (a bf16 reference, or autocast): the matmul in bf16, log-softmax in fp32, gradients in the
+    inputs' dtypes and close to the fp32 computation on the same bf16 values."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(6, 16, generator=g).bfloat16().requires_grad_()
+    w = torch.randn(300, 16, generator=g).bfloat16().requires_grad_()
+    idx = torch.randint(0, 300, (6,), generator=g)
+    logp, _ = linear_log_softmax(h, w, idx, temperature=0.9, chunk_size=4)
+    assert logp.dtype == torch.float32
+    logp.sum().backward()
+    assert h.grad.dtype == w.grad.dtype == torch.bfloat16
+    h32, w32 = h.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+    want = torch.log_softmax((h32 @ w32.t()) / 0.9, -1).gather(-1, idx[:, None])[:, 0]
+    want.sum().backward()
+    torch.testing.assert_close(logp, want.detach(), rtol=0, atol=0.1)
+    torch.testing.assert_close(h.grad.float(), h32.grad, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(w.grad.float(), w32.grad, rtol=0.05, atol=0.05)

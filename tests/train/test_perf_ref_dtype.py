@@ -81,3 +81,12 @@ def test_config_fields_validated():
         GRPOConfig(ref_dtype="bf16")
     with pytest.raises(ConfigError, match="logits_chunk_size=-1 must be >= 0"):
         GRPOConfig(logits_chunk_size=-1)
+
+
+def test_resume_accepts_a_new_logits_chunk_size_and_refuses_a_new_ref_dtype():
+    from grouprl.train.resume_config import compare, config_record
+
+    base = dict(num_generations=4, per_device_train_batch_size=8, model="m", dataset="d", max_steps=4)
+    saved = config_record(GRPOConfig(**base))
+    ok, bad = compare(saved, GRPOConfig(**base, logits_chunk_size=256, ref_dtype="bfloat16"))
+    assert "logits_chunk_size" in ok and "ref_dtype" in bad  # another chunking vs another reference (the KL)
