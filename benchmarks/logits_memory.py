@@ -12,7 +12,8 @@ Modes: ``logits_to_keep`` (``logits_chunk_size=0``: the model returns logits of 
 ``[16, T+1, V]``, then the chunked ``selective_log_softmax``) and ``chunk<k>`` (the decoder to its last
 hidden state, ``k`` positions at a time through the LM head in the forward and the backward,
 ``grouprl.algo.lmhead``). Memory is the child's peak RSS (``ru_maxrss``) minus its RSS just before the
-first measured pass (model, batch and imports excluded): what the pass itself adds at its peak.
+first measured pass (model, batch and imports excluded): what the pass itself adds at its peak. Time is
+the median wall time (``_s``) and process CPU time (``_cpu_s``, one thread: less disturbed by other load).
 
     OMP_NUM_THREADS=1 python benchmarks/logits_memory.py --out benchmarks/results/logits_memory.json
 """
@@ -80,12 +81,14 @@ def worker(spec: dict) -> dict:
     logp = fn()  # warm-up, also the memory measurement
     out[f"{phase}_peak_extra_mib"] = round(max(0.0, _peak_mib() - max(before, first_peak)), 1)
     out["rss_before_mib"], out["peak_before_mib"] = round(before, 1), round(first_peak, 1)
-    times = []
+    times, cpu = [], []
     for _ in range(spec["repeats"]):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn()
         times.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
     out[f"{phase}_s"] = round(statistics.median(times), 3)
+    out[f"{phase}_cpu_s"] = round(statistics.median(cpu), 3)
     out[f"{phase}_logp_sum"] = float(logp.double().sum())
     return out
 
@@ -126,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                 r[f"{phase}_memory_vs_logits_to_keep"] = round(
                     r[f"{phase}_peak_extra_mib"] / max(base[f"{phase}_peak_extra_mib"], 1e-9), 3)
                 r[f"{phase}_time_vs_logits_to_keep"] = round(r[f"{phase}_s"] / base[f"{phase}_s"], 3)
+                r[f"{phase}_cpu_time_vs_logits_to_keep"] = round(r[f"{phase}_cpu_s"] / base[f"{phase}_cpu_s"], 3)
     result = {"workload": {"N": 16, "prompt_tokens": 26, "T": args.T, "vocab": args.vocab, "hidden": 512,
                            "layers": 2, "threads": args.threads, "repeats": args.repeats,
                            "loadavg_start": load_start}, "modes": results, "loadavg_end": os.getloadavg()}
