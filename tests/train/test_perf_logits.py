@@ -255,3 +255,18 @@ def test_linear_log_softmax_bf16_inputs_give_fp32_logps_and_bf16_gradients():
     torch.testing.assert_close(logp, want.detach(), rtol=0, atol=0.1)
     torch.testing.assert_close(h.grad.float(), h32.grad, rtol=0.05, atol=0.05)
     torch.testing.assert_close(w.grad.float(), w32.grad, rtol=0.05, atol=0.05)
+
+
+def test_chunked_head_with_activation_checkpointing_equals_plain_path():
+    from grouprl.train.model import enable_checkpointing
+
+    model = _model("qwen2")
+    enable_checkpointing(model)
+    model.train()  # checkpointing recomputes only in training mode; the tiny model has no dropout
+    batch = _batch(seed=17)
+    weights = torch.ones(batch[2].shape)
+    plain = _logps_and_grads(model, batch, weights, plain=True)
+    fast = _logps_and_grads(model, batch, weights, chunk_size=4)
+    mask = batch[3].bool()
+    torch.testing.assert_close(fast[0][mask], plain[0][mask], rtol=0, atol=1e-5)
+    _assert_grads_close(fast[2], plain[2])
