@@ -3,7 +3,7 @@
 Models: ``floor.py``'s sizes (``small``: hidden 256, 4 layers, the tiny tokenizer's 373 tokens;
 ``medium``: hidden 512, 2 layers, vocabulary 32768), random weights. Batch: 16 sequences of a 26-token prompt
 and T completion tokens (small T = 128, medium T = 256). In one process per size, after a warm-up, the
-median of ``--repeats``:
+median process CPU time (one thread) of ``--repeats``:
 
 - ``ref_fp32_s`` / ``ref_bf16_s``: the reference pass (``batched_logps``: trimmed, chunked LM head, no grad)
   with fp32 weights and with a bf16 copy of the weights (``ref_dtype: bfloat16``); ``logp_abs_err_*``:
@@ -35,12 +35,14 @@ SIZES = {"small": (256, 4, 128, None), "medium": (512, 2, 256, 32768)}
 
 
 def _median_s(fn, repeats: int) -> float:
+    """Median process CPU time of ``repeats`` calls after one warm-up (one thread: CPU time is what the
+    pass costs; wall time on a shared machine mostly measures the other processes)."""
     fn()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return round(statistics.median(times), 4)
 
 

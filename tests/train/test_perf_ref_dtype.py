@@ -35,9 +35,19 @@ def _mb():
 
 def test_reference_dtype_names():
     cpu = torch.device("cpu")
-    assert reference_dtype("auto", cpu) == torch.float32  # bf16 made the CPU reference slower (bf16_cpu.py)
+    assert reference_dtype("auto", cpu) == torch.float32
+    assert reference_dtype("auto", cpu, bf16=True) == torch.float32  # no bf16 autocast on CPU: fp32 compute
     assert reference_dtype("float32", cpu) == torch.float32
     assert reference_dtype("bfloat16", cpu) == torch.bfloat16
+
+
+def test_auto_follows_bf16_autocast_on_a_bf16_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cuda = torch.device("cuda")
+    assert reference_dtype("auto", cuda, bf16=True) == torch.bfloat16
+    assert reference_dtype("auto", cuda, bf16=False) == torch.float32  # an fp32 run keeps an fp32 reference
+    assert reference_dtype("float32", cuda, bf16=True) == torch.float32  # a name always wins
 
 
 def test_bf16_reference_is_stored_in_bf16_and_returns_fp32_logps_close_to_fp32():

@@ -165,7 +165,7 @@ def prepare_model(cfg: GRPOConfig, model: Any) -> tuple[Any, Reference | None]:
     or resume), activation checkpointing, train mode."""
     upcast_trainable(model)
     autocast = autocast_factory(cfg.bf16, next(model.parameters()).device)
-    reference = Reference(model, cfg.ref_dtype) if cfg.kl_coef > 0 else None
+    reference = Reference(model, cfg.ref_dtype, bf16=cfg.bf16) if cfg.kl_coef > 0 else None
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
     model.train()

@@ -248,7 +248,7 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
     device = next(model.parameters()).device
     upcast_trainable(model)
     autocast = autocast_factory(cfg.bf16, device)
-    reference = Reference(model, cfg.ref_dtype) if cfg.kl_coef > 0 else None
+    reference = Reference(model, cfg.ref_dtype, bf16=cfg.bf16) if cfg.kl_coef > 0 else None
     fns = cfg.resolved()
     kl_loss = fns["kl_coef"] if cfg.kl_mode == "loss" else 0.0
     spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
