@@ -125,9 +125,10 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     LM head is a plain linear map (:func:`lm_head_parts`) and ``chunk_size > 0``, the decoder's last hidden
     state at the real completion tokens goes through the head ``chunk_size`` positions at a time
     (:func:`grouprl.algo.lmhead.linear_log_softmax`): no ``[N,T,V]`` logits in the forward or the backward,
-    and none computed for padding. Positions where ``completion_mask`` is 0 then hold 0.
+    and none computed for padding. Padding positions then hold 0 (log-prob and entropy); on the other paths
+    only the trimmed columns do. Callers weight every position by a mask, so no value at padding is used.
     """
-    N, T = completion_ids.shape
+    T = completion_ids.shape[1]
     if not plain:
         prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
             prompt_ids, prompt_mask, completion_ids, completion_mask)
