@@ -201,6 +201,9 @@ def test_lm_head_parts_only_for_plain_linear_heads():
     assert lm_head_parts(model) is None
     handle.remove()
     assert lm_head_parts(model) is not None
+    inner = model.forward
+    model.forward = lambda *a, **k: inner(*a, **k)  # a wrapper on the instance (a call counter, a tracer)
+    assert lm_head_parts(model) is None
 
 
 def test_lora_model_uses_the_chunked_head_and_matches_plain():

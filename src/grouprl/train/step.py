@@ -83,7 +83,8 @@ def lm_head_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] |
     the decoder's last hidden state (its final norm included), or None where that is not known to hold:
     an architecture outside :data:`PLAIN_HEAD_MODELS`, a subclass with its own ``forward``, an LM head that
     is not an ``nn.Linear`` (LoRA on the head), sharded weights (FSDP), which only the model's own forward
-    gathers, or forward hooks on the model or its head, which calling the decoder directly would skip."""
+    gathers, or forward hooks or an instance-level ``forward`` (a wrapper) on the model or its head, which
+    calling the decoder directly would skip."""
     base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
     config = getattr(base, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or type(base).__name__.startswith("FSDP"):
@@ -93,7 +94,7 @@ def lm_head_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] |
     head, decoder = base.get_output_embeddings(), getattr(base, "model", None)
     if type(head) is not torch.nn.Linear or decoder is None or hasattr(head.weight, "placements"):
         return None
-    if any(m._forward_hooks or m._forward_pre_hooks for m in {model, base, head}):
+    if any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in {model, base, head}):
         return None
     return decoder, head.weight, head.bias
 
