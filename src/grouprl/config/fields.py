@@ -267,6 +267,16 @@ class GRPOConfig:
     """auto, cpu, cuda or mps."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    logits_chunk_size: int = 1024
+    """Positions per chunk through the LM head when computing log-probs (Llama, Qwen2/3, Mistral and other
+    models whose logits are a plain linear map of the last hidden state): the ``[N, T, V]`` logits never
+    exist, in the forward or the backward. 0 = ask the model for the logits of the completion positions."""
+    ref_dtype: str = "auto"
+    """Storage and compute dtype of the frozen reference model (full fine-tuning with kl_coef > 0; a LoRA
+    reference shares the policy's weights): ``float32``, ``bfloat16`` (half the memory; log-probs still
+    returned in fp32), or ``auto``: bfloat16 when bf16 autocast is in effect (bf16 on a CUDA device with bf16
+    support), else float32. On a CPU with AVX512-BF16 ``bfloat16`` made the reference forward 1.7-2.1x
+    faster, with log-probs within ~1e-2 of fp32 (benchmarks/README.md)."""
     use_peft: bool = False
     """Train a LoRA adapter instead of all weights; the reference is the base with the adapter off."""
     lora_r: int = 16

@@ -26,6 +26,7 @@ CHOICES = {
     "dpo_loss": ("sigmoid", "ipo"),
     "vllm_mode": ("colocate", "server"),
     "rollout_correction": ("auto", "tis", "mask", "none"),
+    "ref_dtype": ("auto", "float32", "bfloat16"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 _KINDS = {  # annotation -> (accepts, what to write)
@@ -146,7 +147,8 @@ def check_ranges(cfg: Any) -> None:
     _range(cfg, "weight_decay", 0.0, None, fix="0 turns weight decay off; 0.01-0.1 is usual")
     for name, meaning in (("warmup_steps", "0 = use warmup_ratio"), ("eval_steps", "0 = only before and after "
                           "training"), ("max_resample_rounds", "0 = no extra rounds"),
-                          ("log_completions_steps", "0 = never")):
+                          ("log_completions_steps", "0 = never"),
+                          ("logits_chunk_size", "0 = logits of the completion positions, unchunked")):
         _non_negative_int(cfg, name, meaning)
     for name, meaning in (("max_prompt_length", "null = no limit beyond the model's context"),
                           ("save_total_limit", "null = keep every checkpoint"), ("lora_r", "LoRA's rank; 8-64 is usual")):

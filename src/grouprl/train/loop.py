@@ -170,7 +170,7 @@ def prepare_model(cfg: GRPOConfig, model: Any) -> tuple[Any, Reference | None]:
     or resume), activation checkpointing, train mode."""
     upcast_trainable(model)
     autocast = autocast_factory(cfg.bf16, next(model.parameters()).device)
-    reference = Reference(model) if cfg.kl_coef > 0 else None
+    reference = Reference(model, cfg.ref_dtype, bf16=cfg.bf16) if cfg.kl_coef > 0 else None
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
     model.train()
@@ -181,7 +181,8 @@ def loss_spec(cfg: GRPOConfig) -> LossSpec:
     """The exact functions and hyper-parameters the config names (``cfg.resolved()``: no silent overrides)."""
     fns = cfg.resolved()
     return LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
-                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg))
+                    KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg),
+                    logits_chunk_size=cfg.logits_chunk_size)
 
 
 def restore(cfg: GRPOConfig, resume: Any, model: Any, optimizer: Any, scheduler: Any, stream: PromptStream,

@@ -161,12 +161,33 @@ def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
                           f"Fix: use all-linear or names among its linear layers: {', '.join(names)}.") from None
 
 
-class Reference:
-    """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy)."""
+def reference_dtype(name: str, device: torch.device, bf16: bool = False) -> torch.dtype:
+    """``ref_dtype`` -> a torch dtype. ``auto`` follows the compute dtype: bfloat16 when bf16 autocast is in
+    effect (``bf16`` on a CUDA device with bf16 support: the reference's matmuls run in bf16 anyway), else
+    float32 -- on CPU too, where bf16 storage is faster with AVX512-BF16 (benchmarks/bf16_cpu.py) but moves
+    the log-probs by up to ~1e-2, so the KL of the first step is no longer exactly 0; ask for it by name."""
+    if name == "auto":
+        autocast = bf16 and device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if autocast else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
-    def __init__(self, model: Any) -> None:
+
+class Reference:
+    """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy).
+
+    For full fine-tuning it is a frozen copy stored in ``dtype`` (``ref_dtype``: a bf16 copy takes half the
+    memory of an fp32 one); its log-probs are returned in fp32 whatever the dtype (``train.step``).
+    """
+
+    def __init__(self, model: Any, dtype: str = "float32", *, bf16: bool = False) -> None:
         self.shared = is_peft(model)
-        self.model = model if self.shared else _frozen_copy(model)
+        if self.shared:
+            self.model = model
+        else:
+            self.model = _frozen_copy(model)
+            want = reference_dtype(dtype, next(model.parameters()).device, bf16)
+            if any(p.is_floating_point() and p.dtype != want for p in self.model.parameters()):
+                self.model.to(want)
 
     def context(self):
         return self.model.disable_adapter() if self.shared else contextlib.nullcontext()

@@ -48,6 +48,7 @@ SAFE: dict[str, str] = {
     "device": "the same computation on other hardware",
     "torch_num_threads": "the same computation with other parallelism",
     "gradient_checkpointing": "the same gradients, less memory",
+    "logits_chunk_size": "the same log-probs and gradients, another chunking of the LM head",
     "lean_sampler": "the same sampling distribution, another implementation",
     **dict.fromkeys(("vllm_server_url", "vllm_server_timeout", "vllm_gpu_memory_utilization", "vllm_sleep"),
                     "where and how the vLLM engine runs: the same sampling distribution"),

@@ -282,7 +282,8 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
                               rollout_logp=None if r.rollout_logp is None else r.rollout_logp[i][:, :T].float()))
     if ctx.reference is not None:
         with timers("ref_forward"), ctx.reference.context():
-            for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast)):
+            for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast,
+                                                 chunk_size=cfg.logits_chunk_size)):
                 mb.ref_logp = lp
     engine_old = getattr(cfg, "gspo_use_engine_logp", False) and r.rollout_logp is not None  # the engine's are old_logp
     if cfg.needs_old_logp and not engine_old:
@@ -291,6 +292,7 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         first = cfg.gradient_accumulation_steps if cfg.num_iterations == 1 else 0
         with timers("old_logp_forward"):
             moved = mbs[first:]
-            for mb, lp in zip(moved, batched_logps(ctx.model, moved, cfg.temperature, ctx.autocast)):
+            for mb, lp in zip(moved, batched_logps(ctx.model, moved, cfg.temperature, ctx.autocast,
+                                                   chunk_size=cfg.logits_chunk_size)):
                 mb.old_logp = lp
     return mbs

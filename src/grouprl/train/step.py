@@ -1,9 +1,12 @@
 """One optimizer step's pieces: per-token log-probs of completions, and the loss of one micro-batch.
 
-Memory: the policy forward asks the model for logits of the completion positions only
-(``logits_to_keep = T + 1``; prompt positions never reach the LM head) and takes log-probs with the chunked
-``selective_log_softmax`` (no ``[N, T, V]`` log-softmax copy). ``plain=True`` is the straightforward path
-(full logits, full ``log_softmax``) kept for the equivalence test.
+Memory and padding: every forward first drops the columns that are padding in every row of its
+micro-batch (:func:`trim_padding`). For causal LMs whose logits are a plain linear map of the last hidden
+state (Llama, Qwen2/3, Mistral, ...) the decoder runs to that hidden state and only the real completion
+tokens go through the LM head, ``logits_chunk_size`` positions at a time in the forward and the backward
+(:mod:`grouprl.algo.lmhead`): the ``[N, T, V]`` logits never exist. Other models are asked for the logits of
+the completion positions only (``logits_to_keep = T + 1``) and take the chunked ``selective_log_softmax``.
+``plain=True`` is the straightforward path (full logits, full ``log_softmax``) kept for equivalence tests.
 
 Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T completion tokens.
 """
@@ -15,9 +18,12 @@ from typing import Any
 
 import torch
 
+from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
 from grouprl.train import dist
+
+DEFAULT_LOGITS_CHUNK = 1024  # positions per chunk through the LM head (benchmarks/logits_memory.py)
 
 
 @dataclass
@@ -48,6 +54,7 @@ class LossSpec:
     # ---- sampler/trainer mismatch (grouprl.algo.correction), used when a micro-batch has rollout_logp
     correction: Any = None  # fn(old_logp, rollout_logp, mask) -> (weight, metrics), or None
     use_engine_logp: bool = False  # old_logp := rollout_logp (gspo_use_engine_logp), no correction weight
+    logits_chunk_size: int = DEFAULT_LOGITS_CHUNK  # positions per chunk through the LM head (completion_logps); 0 = logits_to_keep
 
 
 def mismatch_correction(cfg: Any) -> dict[str, Any]:
@@ -66,34 +73,112 @@ def mismatch_correction(cfg: Any) -> dict[str, Any]:
     return {"correction": fn, "use_engine_logp": bool(cfg.gspo_use_engine_logp)}
 
 
+# Causal LMs whose logits are exactly ``lm_head(decoder(...).last_hidden_state)``: no soft-capping (Gemma 2/3),
+# no logit scaling (Granite, Cohere). Any other model takes the logits_to_keep path.
+PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo2", "gemma"})
+
+
+def lm_head_parts(model: Any) -> tuple[Any, torch.Tensor, torch.Tensor | None] | None:
+    """``(decoder, weight [V,H], bias [V] or None)`` of a causal LM whose logits are a plain linear map of
+    the decoder's last hidden state (its final norm included), or None where that is not known to hold:
+    an architecture outside :data:`PLAIN_HEAD_MODELS`, a subclass with its own ``forward``, an LM head that
+    is not an ``nn.Linear`` (LoRA on the head), sharded weights (FSDP), which only the model's own forward
+    gathers, or forward hooks or an instance-level ``forward`` (a wrapper) on the model or its head, which
+    calling the decoder directly would skip."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") and hasattr(model, "peft_config") else model
+    config = getattr(base, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or type(base).__name__.startswith("FSDP"):
+        return None
+    if not getattr(type(base).forward, "__module__", "").startswith("transformers."):
+        return None
+    head, decoder = base.get_output_embeddings(), getattr(base, "model", None)
+    if type(head) is not torch.nn.Linear or decoder is None or hasattr(head.weight, "placements"):
+        return None
+    if any(m._forward_hooks or m._forward_pre_hooks or "forward" in vars(m) for m in {model, base, head}):
+        return None
+    return decoder, head.weight, head.bias
+
+
+def trim_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                 completion_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Drop the prompt columns that are padding in every row (left) and the completion columns that are
+    padding in every row (right); at least one prompt column stays (it predicts the first completion token).
+
+    Position ids follow the attention mask and padded keys are masked out, so the remaining positions
+    score exactly as before; the model simply computes nothing for the dropped columns.
+    """
+    real = prompt_mask.bool().any(dim=0).nonzero()
+    first = int(real[0]) if len(real) else prompt_ids.shape[1] - 1
+    used = completion_mask.bool().any(dim=0).nonzero()
+    width = int(used[-1]) + 1 if len(used) else 0
+    return prompt_ids[:, first:], prompt_mask[:, first:], completion_ids[:, :width], completion_mask[:, :width]
+
+
 def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
-                     *, with_entropy: bool = False, plain: bool = False):
+                     *, with_entropy: bool = False, plain: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK):
     """log pi(y_t | x, y_<t) for every completion token: ``[N,T]`` (and the entropy ``[N,T]`` if asked).
 
     Logits are divided by ``temperature`` in fp32 (whatever the compute dtype) so the log-probs are those of
-    the sampling distribution.
-    Position ids follow the attention mask, as in ``generate`` with left padding.
+    the sampling distribution. Position ids follow the attention mask, as in ``generate`` with left padding.
+
+    Unless ``plain``: all-padding columns are trimmed first (:func:`trim_padding`), and where the model's
+    LM head is a plain linear map (:func:`lm_head_parts`) and ``chunk_size > 0``, the decoder's last hidden
+    state at the real completion tokens goes through the head ``chunk_size`` positions at a time
+    (:func:`grouprl.algo.lmhead.linear_log_softmax`): no ``[N,T,V]`` logits in the forward or the backward,
+    and none computed for padding. Padding positions then hold 0 (log-prob and entropy); on the other paths
+    only the trimmed columns do. Callers weight every position by a mask, so no value at padding is used.
     """
+    T = completion_ids.shape[1]
+    if not plain:
+        prompt_ids, prompt_mask, completion_ids, completion_mask = trim_padding(
+            prompt_ids, prompt_mask, completion_ids, completion_mask)
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention = torch.cat([prompt_mask, completion_mask], dim=1)
     position_ids = (attention.long().cumsum(-1) - 1).clamp(min=0)
-    T = completion_ids.shape[1]
+    width = completion_ids.shape[1]
+    head = None if plain or chunk_size <= 0 else lm_head_parts(model)
     if plain:
         logits = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                        use_cache=False).logits
         logits = logits[:, -T - 1:-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+    elif head is not None:
+        return _chunked_head(head, input_ids, attention, position_ids, completion_ids, completion_mask,
+                             temperature, chunk_size, with_entropy, T)
     else:
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                    logits_to_keep=T + 1, use_cache=False)
+                    logits_to_keep=width + 1, use_cache=False)
         logits = out.logits[:, :-1].float() / temperature  # fp32: a bf16 division rounds every logit
-        logp = selective_log_softmax(logits, completion_ids)
+        logp = _pad_right(selective_log_softmax(logits, completion_ids), T)
     if not with_entropy:
         return logp, None
     with torch.no_grad():
         entropy = entropy_from_logits(logits.detach())
-    return logp, entropy
+    return logp, entropy if plain else _pad_right(entropy, T)
+
+
+def _pad_right(x: torch.Tensor, T: int) -> torch.Tensor:
+    return x if x.shape[1] == T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
+
+
+def _chunked_head(head, input_ids, attention, position_ids, completion_ids, completion_mask, temperature,
+                  chunk_size, with_entropy, T):
+    """The decoder to its last hidden state, then log-probs of the real completion tokens through the head."""
+    decoder, weight, bias = head
+    width = completion_ids.shape[1]
+    hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                     use_cache=False).last_hidden_state[:, -width - 1:-1]
+    real = completion_mask.bool()
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    lp, ent = linear_log_softmax(hidden[real], weight, completion_ids[real], bias=bias, temperature=temperature,
+                                 chunk_size=chunk_size, compute_dtype=dtype, with_entropy=with_entropy)
+    shape = (completion_ids.shape[0], T)
+    logp = torch.zeros(shape, dtype=lp.dtype, device=lp.device).masked_scatter(_pad_right(real, T), lp)
+    if not with_entropy:
+        return logp, None
+    return logp, torch.zeros(shape, dtype=ent.dtype, device=ent.device).masked_scatter(_pad_right(real, T), ent)
 
 
 def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[str, Any]):
@@ -105,7 +190,8 @@ def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[st
     micro-batches (``_min`` / ``_max`` keys combine by min / max instead).
     """
     logp, entropy = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                     mb.completion_mask, spec.temperature, with_entropy=True)
+                                     mb.completion_mask, spec.temperature, with_entropy=True,
+                                     chunk_size=spec.logits_chunk_size)
     # On-policy (mu = 1, one step per generation): old_logp is the current forward, detached -- ratio 1
     # in value, gradient of the ratio = gradient of logp (arXiv 2402.03300, Sec. 4.1.3).
     old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
@@ -154,20 +240,22 @@ def combine(acc: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> dict
 
 
 @torch.no_grad()
-def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> list[torch.Tensor]:
-    """log-probs of each micro-batch without gradient (reference or old policy), with dropout off.
+def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, *,
+                  chunk_size: int = DEFAULT_LOGITS_CHUNK) -> list[torch.Tensor]:
+    """log-probs of each micro-batch without gradient (reference or old policy), with dropout off; padding
+    trimmed and the LM head chunked as in :func:`completion_logps` (``chunk_size``).
 
     The model is put in eval mode for these forwards and back in the mode it was in afterwards.
     """
     was_training = model.training
     model.eval()
     try:
-        return _logps(model, rows, temperature, ctx)
+        return _logps(model, rows, temperature, ctx, chunk_size)
     finally:
         model.train(was_training)
 
 
-def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> list[torch.Tensor]:
+def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, chunk_size: int) -> list[torch.Tensor]:
     out = []
     for mb in rows:
         if mb.prompt_ids.shape[0] == 0:  # a micro-batch emptied by dropped groups
@@ -175,7 +263,7 @@ def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any) -> 
             continue
         with ctx():
             logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                       mb.completion_mask, temperature)
+                                       mb.completion_mask, temperature, chunk_size=chunk_size)
         out.append(logp.float())
     return out
 

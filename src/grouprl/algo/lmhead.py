@@ -1,0 +1,113 @@
+"""Log-probs (and entropy) through the LM head, chunk by chunk: the ``[R, V]`` logits never exist at once.
+
+For a causal LM the log-prob of token ``y`` at a position with last hidden state ``h`` is
+``log softmax(W h / tau)[y]``. Computed plainly, ``W h`` for every position is an ``[N, T, V]`` tensor
+(16 x 257 x 32768 fp32 = 540 MB for a 25M-parameter model with a 32k vocabulary; 5 GB for V = 151,936, T =
+1,024, N = 8), and autograd keeps it, its fp32 copy and the gradient of the same size for the backward.
+Here the rows (positions) go through the head ``chunk_size`` at a time, in the forward AND the backward
+(which recomputes each chunk's logits): the extra memory is a few ``[chunk_size, V]`` fp32 temporaries.
+
+The gradient is written by hand (a fused linear + log-softmax, as Liger-Kernel's fused linear
+cross-entropy does on GPUs): with ``z = W h / tau`` and ``p = softmax(z)``,
+``d logp / d h = (onehot(y) - p) W / tau`` and ``d logp / d W = (onehot(y) - p)^T h / tau``.
+Hand-written because no CPU implementation exists in a maintained library (Liger's is Triton-only).
+
+Shapes: ``R`` rows (positions), ``H`` hidden size, ``V`` vocabulary.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["linear_log_softmax"]
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
+    z = h @ weight.t()
+    if bias is not None:
+        z += bias
+    # fp32 (fp64 for fp64 inputs) before the division: a bf16 division rounds every logit. z is a fresh
+    # [rows, V] tensor, so it is divided in place (one vocabulary-sized temporary, not two).
+    return z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
+
+
+class _LinearLogSoftmax(torch.autograd.Function):
+    """Forward saves ``h``, ``W``, the index and one fp32 logsumexp per row; backward recomputes logits."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, index, temperature, chunk_size, compute_dtype, with_entropy):
+        rows = hidden.shape[0]
+        dev = hidden.device
+        w = weight.to(compute_dtype)
+        b = None if bias is None else bias.to(compute_dtype)
+        out = torch.promote_types(compute_dtype, torch.float32)
+        lse = torch.empty(rows, dtype=out, device=dev)
+        logp = torch.empty(rows, dtype=out, device=dev)
+        entropy = torch.empty(rows if with_entropy else 0, dtype=out, device=dev)
+        for start in range(0, rows, chunk_size):
+            sl = slice(start, start + chunk_size)
+            z = _chunk_logits(hidden[sl].to(compute_dtype), w, b, temperature)
+            lse[sl] = torch.logsumexp(z, dim=-1)
+            logp[sl] = z.gather(-1, index[sl, None])[:, 0] - lse[sl]
+            if with_entropy:  # H = lse - sum p z
+                entropy[sl] = lse[sl] - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
+        ctx.save_for_backward(hidden, weight, bias, index, lse)
+        ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
+        ctx.mark_non_differentiable(entropy)
+        return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp, _grad_entropy):
+        hidden, weight, bias, index, lse = ctx.saved_tensors
+        cd, tau = ctx.compute_dtype, ctx.temperature
+        w = weight.to(cd)
+        b = None if bias is None else bias.to(cd)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        acc = lse.dtype  # fp32 accumulation across chunks (fp64 for fp64 inputs)
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        for start in range(0, hidden.shape[0], ctx.chunk_size):
+            sl = slice(start, start + ctx.chunk_size)
+            h = hidden[sl].to(cd)
+            g_out = grad_logp[sl, None].to(acc)
+            # d logp / d z = onehot - softmax(z); times 1/tau for the raw logits W h (+ b)
+            g = _chunk_logits(h, w, b, tau).sub_(lse[sl, None]).exp_().mul_(-g_out / tau)
+            g.scatter_add_(-1, index[sl, None], g_out / tau)
+            if need_h:
+                grad_h[sl] = (g.to(cd) @ w).to(hidden.dtype)
+            if need_w and cd == acc:
+                grad_w.addmm_(g.t(), h)  # in place: no [V, H] temporary per chunk
+            elif need_w:
+                grad_w += (g.t().to(cd) @ h).to(acc)
+            if need_b:
+                grad_b += g.sum(dim=0)
+        grad_w = None if grad_w is None else grad_w.to(weight.dtype)
+        grad_b = None if grad_b is None else grad_b.to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None, None, None
+
+
+def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.Tensor, *,
+                       bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 1024,
+                       compute_dtype: torch.dtype | None = None, with_entropy: bool = False):
+    """``log softmax((hidden @ weight.T + bias) / temperature)[index]`` without the full logits.
+
+    Shapes: ``hidden [..., H]``, ``weight [V, H]`` (an LM head / tied embedding), ``bias [V]`` or None,
+    ``index [...]`` (long) -> ``(logp [...], entropy [...] or None)``, both fp32 for half inputs (fp64 for fp64).
+    ``chunk_size`` rows at a time go through the head, in the forward and the backward. The matmul runs in
+    ``compute_dtype`` (default: the weight's), the softmax in fp32 after dividing by ``temperature``.
+    Differentiable (once) with respect to ``hidden``, ``weight`` and ``bias``; the entropy
+    ``H = logsumexp(z) - sum softmax(z) z`` is a metric (no gradient).
+    """
+    if hidden.shape[:-1] != index.shape or hidden.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear_log_softmax: hidden {tuple(hidden.shape)} must be index {tuple(index.shape)} "
+                         f"+ [H] with H = weight {tuple(weight.shape)}[1]")
+    if temperature <= 0:
+        raise ValueError(f"linear_log_softmax: temperature={temperature} must be > 0")
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_i = index.reshape(-1).to(torch.long)
+    cd = weight.dtype if compute_dtype is None else compute_dtype
+    logp, entropy = _LinearLogSoftmax.apply(flat_h, weight, bias, flat_i, float(temperature),
+                                            max(1, int(chunk_size)), cd, bool(with_entropy))
+    return logp.reshape(index.shape), entropy.reshape(index.shape) if with_entropy else None
