@@ -214,7 +214,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also measure the plain-PyTorch floor per size (a third child process)")
     p.add_argument("--floor-repeats", type=int, default=2, help="timed repeats of each floor phase")
     p.add_argument("--out", type=Path, default=None, help="also write the JSON here")
-    p.add_argument("--markdown", type=Path, default=None, help="print tables of a saved JSON result and exit")
+    p.add_argument("--markdown", type=Path, nargs="+", default=None,
+                   help="print tables of saved JSON results and exit (several --size runs are shown as one table)")
     return p.parse_args(argv)
 
 
@@ -224,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         worker(args.worker, json.loads(args.spec))
         return 0
     if args.markdown:
-        saved = json.loads(args.markdown.read_text())
-        print(markdown_sizes(saved) if "sizes" in saved else markdown_vs_trl(saved))
+        saved = [json.loads(f.read_text()) for f in args.markdown]
+        if all("sizes" in r for r in saved):
+            print(markdown_sizes({"sizes": {k: v for r in saved for k, v in r["sizes"].items()}}))
+        else:
+            print("\n\n".join(markdown_sizes(r) if "sizes" in r else markdown_vs_trl(r) for r in saved))
         return 0
     names = list(SIZES) if args.size.strip() == "all" else [x.strip() for x in args.size.split(",") if x.strip()]
     unknown = [n for n in names if n not in SIZES]
