@@ -72,6 +72,10 @@ class Workload:
     seed: int = 0
     num_prompts: int = 64
     rollout_backend: str = "transformers"  # grouprl only: a built-in name or "package.module:Class"
+    # "wall": phases and steps timed by the wall clock; "cpu": by this process's CPU time (every
+    # ``time.perf_counter`` in the child reads ``time.process_time``), which other jobs on a shared machine
+    # disturb much less. With one torch thread both measure the same work.
+    clock: str = "wall"
     # extra config fields passed verbatim to one side, e.g. {"logits_chunk_size": 4096} for grouprl
     grouprl_opts: dict[str, Any] = field(default_factory=dict)
     trl_opts: dict[str, Any] = field(default_factory=dict)
@@ -195,6 +199,18 @@ def size_workload(base: Workload, size: Size) -> Workload:
     """``base`` (GRPO or GSPO) at ``size``'s completion length and step count."""
     steps = size.steps[0] if base.level == "token" else size.steps[1]
     return replace(base, max_new_tokens=size.tokens, steps=steps)
+
+
+def use_clock(clock: str) -> None:
+    """In a benchmark child: make ``time.perf_counter`` read process CPU time when ``clock == "cpu"``.
+
+    Every phase timer of both sides (this module's :class:`StepClock`, grouprl's ``Timers``, ``floor.py``)
+    calls ``time.perf_counter()`` at run time, so this one switch turns all of them into CPU-time timers.
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock={clock!r}: use 'wall' or 'cpu'")
+    if clock == "cpu":
+        time.perf_counter = time.process_time
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -371,7 +387,7 @@ def workload_dict(w: Workload) -> dict[str, Any]:
 __all__ = [
     "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "SIZES", "Size", "StepClock", "Workload",
     "child_env", "make_checkpoint", "make_dataset_rows", "make_model", "median_result", "number_reward",
-    "run_child", "markdown_scaling", "markdown_vs_trl", "size_workload", "summarize_steps", "workload_dict",
+    "run_child", "markdown_scaling", "use_clock", "markdown_vs_trl", "size_workload", "summarize_steps", "workload_dict",
 ]
 
 

@@ -56,6 +56,7 @@ from _common import (  # noqa: E402
     median_result,
     run_child,
     size_workload,
+    use_clock,
 )
 from _sizes import floor_multiples, markdown_sizes, parse_opts, size_targets  # noqa: E402
 
@@ -67,6 +68,7 @@ LIBS = ("grouprl", "trl")
 def worker(lib: str, spec: dict[str, Any]) -> None:
     """Child-process entry: run one library on one workload and write the result JSON."""
     w = Workload(**spec["workload"])
+    use_clock(w.clock)
     if lib == "floor":
         from floor import measure_floor
 
@@ -210,6 +212,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "e.g. logits_chunk_size=4096")
     p.add_argument("--trl-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="a trl.GRPOConfig field for the TRL side (repeatable)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                   help="time phases and steps by wall clock, or by each child's CPU time (steadier on a "
+                        "shared machine; steps/s then means steps per CPU-second)")
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the plain-PyTorch floor per size (a third child process)")
     p.add_argument("--floor-repeats", type=int, default=2, help="timed repeats of each floor phase")
@@ -235,14 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SIZES]
     if unknown:
         raise SystemExit(f"--size: unknown {unknown}; choose from {list(SIZES)} or 'all'")
-    overrides: dict[str, Any] = {"threads": args.threads, "grouprl_opts": parse_opts(args.grouprl_opt, "--grouprl-opt"),
+    overrides: dict[str, Any] = {"threads": args.threads, "clock": args.clock,
+                                 "grouprl_opts": parse_opts(args.grouprl_opt, "--grouprl-opt"),
                                  "trl_opts": parse_opts(args.trl_opt, "--trl-opt")}
     for key, value in (("steps", args.steps), ("rollout_backend", args.rollout_backend),
                        ("num_generations", args.num_generations)):
         if value:
             overrides[key] = value
     result: dict[str, Any] = {"benchmark": "vs_trl", "versions": versions(), "repeats": args.repeats,
-                              "threads": args.threads, "load_average_before": os.getloadavg(),
+                              "threads": args.threads, "clock": args.clock, "load_average_before": os.getloadavg(),
                               "fixed_length": "every completion is exactly max_new_tokens tokens on both sides "
                                               "(EOS masked until then via min_new_tokens)",
                               "overrides": {k: v for k, v in overrides.items() if k != "threads"}, "sizes": {}}

@@ -38,6 +38,25 @@ def test_size_workload_takes_length_and_steps_per_config():
     assert g.steps - g.warmup_steps >= g.optimizer_steps_per_generation
 
 
+def test_cpu_clock_makes_every_phase_timer_read_cpu_time(monkeypatch):
+    import time
+
+    from _common import StepClock, use_clock
+
+    monkeypatch.setattr(time, "perf_counter", time.perf_counter)  # restored after the test
+    use_clock("wall")
+    assert time.perf_counter is not time.process_time
+    use_clock("cpu")
+    assert time.perf_counter is time.process_time
+    clock = StepClock()
+    clock.start()
+    time.sleep(0.2)  # wall time passes, almost no CPU time
+    clock.end_step()
+    assert clock.steps[0]["step_time"] < 0.1
+    with pytest.raises(ValueError, match="clock='gpu'"):
+        use_clock("gpu")
+
+
 def test_parse_opts_types_values_and_names_the_flag():
     assert _sizes.parse_opts(["logits_chunk_size=4096", "bf16=true", "ref_dtype=bfloat16", "x=1.5"], "--g") == {
         "logits_chunk_size": 4096, "bf16": True, "ref_dtype": "bfloat16", "x": 1.5}
