@@ -62,11 +62,12 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/vs_trl.py
 
 # grouprl vs TRL on the three model presets (tiny, small, medium), GRPO and GSPO, with the plain-PyTorch floor
-# of each phase; prints the three-size table (benchmarks/README.md says how long it takes).
+# of each phase; prints the three-size table (benchmarks/README.md says how long it takes). Phases are timed
+# by each child's CPU time (one torch thread: the same work, steadier on a shared machine).
 # Pass grouprl config switches with BENCH_ARGS='--grouprl-opt key=value'.
 BENCH_ARGS ?=
 bench-all: $(BENCH_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/vs_trl.py --size all --repeats 3 --floor-repeats 2 \
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/vs_trl.py --size all --clock cpu --repeats 3 --floor-repeats 2 \
 		--out benchmarks/results/vs_trl_sizes.json $(BENCH_ARGS) > /dev/null
 
 clean:
