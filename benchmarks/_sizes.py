@@ -55,7 +55,7 @@ def size_targets(name: str, size_result: dict[str, Any]) -> list[dict[str, Any]]
     for cfg, res in size_result["configs"].items():
         ratio = res.get("ratio_grouprl_over_trl") or {}
         if ratio and name in SPEED_TARGET:
-            rows.append({"config": cfg, "target": "steps/s grouprl / TRL (wall)", "value": ratio["steps_per_s"],
+            rows.append({"config": cfg, "target": "steps/s grouprl / TRL", "value": ratio["steps_per_s"],
                          "bound": f">= {SPEED_TARGET[name]}", "met": ratio["steps_per_s"] >= SPEED_TARGET[name]})
         if ratio and name in RSS_TARGET:
             rows.append({"config": cfg, "target": "peak RSS grouprl / TRL", "value": ratio["peak_rss_mib"],
@@ -72,7 +72,7 @@ def _x(value: float | None) -> str:
 
 
 def _main_rows(result: dict[str, Any]) -> list[str]:
-    lines = ["| size | params | config | grouprl steps/s | TRL steps/s | ratio (wall) | ratio (per CPU-s) "
+    lines = ["| size | params | config | grouprl steps/s | TRL steps/s | ratio | ratio (per CPU-s) "
              "| RSS grouprl MiB | RSS TRL MiB | RSS ratio | generate / floor | policy fwd+bwd / floor "
              "| ref fwd / floor |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, size in result["sizes"].items():
@@ -115,8 +115,12 @@ def _breakdown_rows(result: dict[str, Any]) -> list[str]:
 
 
 def markdown_sizes(result: dict[str, Any]) -> str:
-    """The three-size table, the per-phase breakdown (ms per optimizer step) and the targets."""
-    lines = _main_rows(result) + [""] + _breakdown_rows(result) + ["", "| size | config | target | value | met |",
+    """The three-size table, the per-phase breakdown (ms per optimizer step) and the targets.
+
+    Times (steps/s, phases) are by the run's clock (``--clock``): wall time, or CPU time of each child.
+    """
+    clocks = sorted({r.get("clock", "wall") for r in result.get("runs", [result])})
+    lines = [f"Clock: {', '.join(clocks)} time.", ""] + _main_rows(result) + [""] + _breakdown_rows(result) + ["", "| size | config | target | value | met |",
                                                                   "|---|---|---|---|---|"]
     for name, size in result["sizes"].items():
         for t in size.get("targets", []):

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         saved = [json.loads(f.read_text()) for f in args.markdown]
         if all("sizes" in r for r in saved):
-            print(markdown_sizes({"sizes": {k: v for r in saved for k, v in r["sizes"].items()}}))
+            print(markdown_sizes({"sizes": {k: v for r in saved for k, v in r["sizes"].items()}, "runs": saved}))
         else:
             print("\n\n".join(markdown_sizes(r) if "sizes" in r else markdown_vs_trl(r) for r in saved))
         return 0

@@ -103,18 +103,19 @@ def test_floor_multiples_and_targets():
     assert res["configs"]["gspo"]["floor_multiple"] == pytest.approx({"policy_fwd_bwd": 1.2})  # the floor is GRPO's
     assert _sizes.floor_multiples("grpo", {}, res["floor"]) == {}  # a failed side gives no multiple
     rows = {(t["config"], t["target"]): t["met"] for t in _sizes.size_targets("medium", res)}
-    assert rows[("grpo", "steps/s grouprl / TRL (wall)")] is True  # 1.62x >= 1.5
+    assert rows[("grpo", "steps/s grouprl / TRL")] is True  # 1.62x >= 1.5
     assert rows[("grpo", "peak RSS grouprl / TRL")] is True  # 0.67x <= 0.8
     assert rows[("grpo", "ref_logp / floor")] is False  # 2.0x > 1.3
     assert rows[("grpo", "generate / floor")] is True
     tiny = {(t["config"], t["target"]): t["met"] for t in _sizes.size_targets("tiny", res)}
-    assert tiny == {("grpo", "steps/s grouprl / TRL (wall)"): False, ("gspo", "steps/s grouprl / TRL (wall)"): False}
+    assert tiny == {("grpo", "steps/s grouprl / TRL"): False, ("gspo", "steps/s grouprl / TRL"): False}
 
 
 def test_three_size_markdown():
     res = _size_result()
     res["targets"] = _sizes.size_targets("medium", res)
-    table = _sizes.markdown_sizes({"sizes": {"medium": res}})
+    table = _sizes.markdown_sizes({"sizes": {"medium": res}, "clock": "cpu"})
+    assert table.startswith("Clock: cpu time.")
     assert ("| medium | 24.65M | grpo | 0.385 | 0.238 | **1.62x** | 1.60x | 400 | 600 | 0.67x | 0.80x | 1.20x "
             "| 2.00x |") in table
     assert "| medium | grpo step | plain PyTorch floor | 1000.0 | 250.0 | | 1000.0 | | |" in table
