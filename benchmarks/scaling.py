@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per run (first is warm-up)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="as vs_trl.py --clock")
     p.add_argument("--groups", default="4,8,16", help="G values (at T = --base-length)")
     p.add_argument("--lengths", default=None, help="completion lengths (at G = --base-group; default T/2, T, 2T "
                                                       "for the preset's T)")
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     size = SIZES[args.size]
     base_length = args.base_length or size.tokens
     lengths = args.lengths or f"{size.tokens // 2},{size.tokens},{2 * size.tokens}"
-    base = replace(GRPO, steps=args.steps, threads=args.threads,
+    base = replace(GRPO, steps=args.steps, threads=args.threads, clock=args.clock,
                    grouprl_opts=parse_opts(args.grouprl_opt, "--grouprl-opt"),
                    trl_opts=parse_opts(args.trl_opt, "--trl-opt"))
     grid = [("G", g, replace(base, num_generations=g, max_new_tokens=base_length))
