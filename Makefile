@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.grouprl-bench-installed
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup run test test-all lint bench clean sandbox-deps browser-deps
+.PHONY: setup run test test-all lint bench bench-all clean sandbox-deps browser-deps
 
 setup: $(STAMP) sandbox-deps
 
@@ -60,6 +60,15 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/vs_trl.py
+
+# grouprl vs TRL on the three model presets (tiny, small, medium), GRPO and GSPO, with the plain-PyTorch floor
+# of each phase; prints the three-size table (benchmarks/README.md says how long it takes). Phases are timed
+# by each child's CPU time (one torch thread: the same work, steadier on a shared machine).
+# Pass grouprl config switches with BENCH_ARGS='--grouprl-opt key=value'.
+BENCH_ARGS ?=
+bench-all: $(BENCH_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/vs_trl.py --size all --clock cpu --repeats 3 --floor-repeats 2 \
+		--out benchmarks/results/vs_trl_sizes.json $(BENCH_ARGS) > /dev/null
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis runs outputs

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,13 @@ class Workload:
     seed: int = 0
     num_prompts: int = 64
     rollout_backend: str = "transformers"  # grouprl only: a built-in name or "package.module:Class"
+    # "wall": phases and steps timed by the wall clock; "cpu": by this process's CPU time (every
+    # ``time.perf_counter`` in the child reads ``time.process_time``), which other jobs on a shared machine
+    # disturb much less. With one torch thread both measure the same work.
+    clock: str = "wall"
+    # extra config fields passed verbatim to one side, e.g. {"logits_chunk_size": 4096} for grouprl
+    grouprl_opts: dict[str, Any] = field(default_factory=dict)
+    trl_opts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def completions_per_step(self) -> int:
@@ -149,6 +156,61 @@ def make_checkpoint(path: Path, hidden_size: int = 64, num_layers: int = 2) -> P
     from grouprl.builtin.tiny import make_tiny_checkpoint
 
     return make_tiny_checkpoint(path, hidden_size=hidden_size, num_layers=num_layers)
+
+
+@dataclass(frozen=True)
+class Size:
+    """A model preset shared by ``vs_trl.py``, ``scaling.py`` and ``floor.py``.
+
+    The model is the tiny Qwen2 of :mod:`grouprl.builtin.tiny` at ``hidden`` x ``layers``; with ``vocab``
+    its embedding (tied with the LM head) is resized to that many rows, so the LM head and the logits
+    cost what a real vocabulary costs (the tokenizer keeps its 373 tokens: ids above decode to nothing).
+    ``tokens`` is the fixed completion length. ``steps`` is ``(grpo, gspo)`` optimizer steps per run:
+    fewer for the bigger models, keeping one warm-up generation round and at least one steady one.
+    """
+
+    hidden: int
+    layers: int
+    tokens: int
+    vocab: int | None = None
+    steps: tuple[int, int] = (9, 10)
+
+
+SIZES = {
+    "tiny": Size(64, 2, 64),
+    "small": Size(256, 4, 128, steps=(5, 6)),
+    # 16.8M tied embedding + 2 x 3.9M layers = about 24.7M parameters
+    "medium": Size(512, 2, 256, 32768, steps=(3, 4)),
+}
+
+
+def make_model(path: Path, hidden: int, layers: int, vocab: int | None = None) -> Path:
+    """The benchmark's tiny checkpoint; with ``vocab`` the embedding is resized to that many rows."""
+    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
+
+    tok = build_tokenizer()
+    model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers)
+    if vocab:
+        model.resize_token_embeddings(vocab)
+    return save_tiny(path, tok, model)
+
+
+def size_workload(base: Workload, size: Size) -> Workload:
+    """``base`` (GRPO or GSPO) at ``size``'s completion length and step count."""
+    steps = size.steps[0] if base.level == "token" else size.steps[1]
+    return replace(base, max_new_tokens=size.tokens, steps=steps)
+
+
+def use_clock(clock: str) -> None:
+    """In a benchmark child: make ``time.perf_counter`` read process CPU time when ``clock == "cpu"``.
+
+    Every phase timer of both sides (this module's :class:`StepClock`, grouprl's ``Timers``, ``floor.py``)
+    calls ``time.perf_counter()`` at run time, so this one switch turns all of them into CPU-time timers.
+    """
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock={clock!r}: use 'wall' or 'cpu'")
+    if clock == "cpu":
+        time.perf_counter = time.process_time
 
 
 def child_env(threads: int) -> dict[str, str]:
@@ -323,9 +385,9 @@ def workload_dict(w: Workload) -> dict[str, Any]:
 
 
 __all__ = [
-    "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "StepClock", "Workload", "child_env",
-    "make_checkpoint", "make_dataset_rows", "median_result", "number_reward", "run_child",
-    "markdown_scaling", "markdown_vs_trl", "summarize_steps", "workload_dict",
+    "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "SIZES", "Size", "StepClock", "Workload",
+    "child_env", "make_checkpoint", "make_dataset_rows", "make_model", "median_result", "number_reward",
+    "run_child", "markdown_scaling", "use_clock", "markdown_vs_trl", "size_workload", "summarize_steps", "workload_dict",
 ]
 
 

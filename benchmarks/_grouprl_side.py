@@ -24,10 +24,13 @@ TIMERS = {"generate": "time/generate", "reward": "time/reward", "ref_logp": "tim
 
 
 def grouprl_config(w: Workload, output_dir: str):
-    """``grouprl.GRPOConfig`` equal to ``w`` and to :func:`_trl_side.trl_config_kwargs` (same conventions)."""
+    """``grouprl.GRPOConfig`` equal to ``w`` and to :func:`_trl_side.trl_config_kwargs` (same conventions).
+
+    ``w.grouprl_opts`` (``vs_trl.py --grouprl-opt key=value``) is applied last, over these fields.
+    """
     from grouprl import GRPOConfig
 
-    return GRPOConfig(
+    fields = dict(
         output_dir=output_dir,
         device="cpu",
         bf16=False,
@@ -72,6 +75,7 @@ def grouprl_config(w: Workload, output_dir: str):
         mask_truncated_completions=False,
         rollout_backend=w.rollout_backend,
     )
+    return GRPOConfig(**{**fields, **w.grouprl_opts})
 
 
 def _force_length(model: Any, max_new_tokens: int) -> None:

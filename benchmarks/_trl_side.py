@@ -29,8 +29,9 @@ def trl_config_kwargs(w: Workload, output_dir: str) -> dict[str, Any]:
 
     TRL counts ``per_device_train_batch_size`` in completions, and ``steps_per_generation`` in
     micro-batches; ``loss_type="dapo"`` is token-mean over the whole optimizer step.
+    ``w.trl_opts`` (``vs_trl.py --trl-opt key=value``) is applied last, over these fields.
     """
-    return dict(
+    fields = dict(
         output_dir=output_dir,
         use_cpu=True,
         bf16=False,
@@ -67,6 +68,7 @@ def trl_config_kwargs(w: Workload, output_dir: str) -> dict[str, Any]:
         log_completions=False,
         disable_dropout=True,
     )
+    return {**fields, **w.trl_opts}
 
 
 def _instrument(trainer: Any, clock: StepClock) -> None:

@@ -40,28 +40,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GRPO, Workload, emit_json, make_dataset_rows, run_child, workload_dict  # noqa: E402
+from _common import (  # noqa: E402  (SIZES, make_model: the presets shared with vs_trl.py and scaling.py)
+    GRPO,
+    SIZES,
+    Workload,
+    emit_json,
+    make_dataset_rows,
+    make_model,
+    run_child,
+    workload_dict,
+)
 
 SCRIPT = Path(__file__).resolve()
-# name -> (hidden size, layers, completion tokens, vocabulary or None for the tiny tokenizer's own)
-SIZES = {
-    "tiny": (64, 2, 64, None),
-    "small": (256, 4, 128, None),
-    "medium": (512, 2, 256, 32768),  # 16.8M tied embedding + 2 x 3.9M layers = about 24.7M parameters
-}
 PHASES = ("generate", "policy_fwd_bwd", "ref_logp")
 WITHIN = 1.3  # the issue's target: each phase within 1.3x of its floor
-
-
-def make_model(path: Path, hidden: int, layers: int, vocab: int | None) -> Path:
-    """The benchmark's tiny checkpoint; with ``vocab`` the embedding is resized to that many rows."""
-    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
-
-    tok = build_tokenizer()
-    model = build_tiny_model(tok, hidden_size=hidden, num_layers=layers)
-    if vocab:
-        model.resize_token_embeddings(vocab)
-    return save_tiny(path, tok, model)
 
 
 def prompt_batch(tok: Any, w: Workload) -> tuple[Any, Any]:
@@ -230,7 +222,8 @@ def compare(floor: dict[str, Any], grouprl_runs: list[dict[str, Any]]) -> dict[s
 
 
 def run_size(name: str, repeats: int, steps: int, threads: int, tmp: Path, log=print) -> dict[str, Any]:
-    hidden, layers, tokens, vocab = SIZES[name]
+    size = SIZES[name]
+    hidden, layers, tokens, vocab = size.hidden, size.layers, size.tokens, size.vocab
     model_dir = str(make_model(tmp / name, hidden, layers, vocab))
     w = replace(GRPO, max_new_tokens=tokens, steps=steps, warmup_steps=1, threads=threads)
     spec = {"workload": workload_dict(w), "model_dir": model_dir, "repeats": repeats}

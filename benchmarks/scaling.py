@@ -2,11 +2,13 @@
 
     python benchmarks/scaling.py                         # grouprl and TRL, G = 4, 8, 16 and T = 32, 64, 128
     python benchmarks/scaling.py --libs grouprl --repeats 3 --out benchmarks/results/scaling.json
+    python benchmarks/scaling.py --size small --grouprl-opt logits_chunk_size=4096   # T = 64, 128, 256
 
 The workload is ``vs_trl``'s GRPO configuration (token-level ratio, beta = 0.04, 2 prompts per step,
-2 micro-batches, on-policy) with one knob moved at a time: G in (4, 8, 16) at T = 64, then T in
-(32, 64, 128) at G = 8. Completions are forced to exactly T tokens, so work grows as B*G*T. Each point
-is a fresh child process per library (interleaved), median over repeats.
+2 micro-batches, on-policy) on one of ``vs_trl``'s model presets (``--size``, ``_common.SIZES``; default
+``tiny``) with one knob moved at a time: G in (4, 8, 16) at the preset's T, then T in (T/2, T, 2T) at
+G = 8. Completions are forced to exactly T tokens, so work grows as B*G*T. Each point is a fresh child
+process per library (interleaved), median over repeats.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import GRPO, emit_json, make_checkpoint, markdown_scaling, median_result, run_child  # noqa: E402
+from _common import GRPO, SIZES, emit_json, make_model, markdown_scaling, median_result, run_child  # noqa: E402
+from _sizes import parse_opts  # noqa: E402
 from vs_trl import SCRIPT as WORKER  # noqa: E402
 from vs_trl import versions  # noqa: E402
 
@@ -49,14 +52,20 @@ def point(lib: str, w, model_dir: str, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="tiny", choices=list(SIZES), help="model preset (as vs_trl.py --size)")
     p.add_argument("--libs", default="grouprl,trl", help="comma list of: grouprl, trl")
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--steps", type=int, default=5, help="optimizer steps per run (first is warm-up)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="as vs_trl.py --clock")
     p.add_argument("--groups", default="4,8,16", help="G values (at T = --base-length)")
-    p.add_argument("--lengths", default="32,64,128", help="completion lengths (at G = --base-group)")
+    p.add_argument("--lengths", default=None, help="completion lengths (at G = --base-group; default T/2, T, 2T "
+                                                      "for the preset's T)")
     p.add_argument("--base-group", type=int, default=8)
-    p.add_argument("--base-length", type=int, default=64)
+    p.add_argument("--base-length", type=int, default=None, help="T of the G points (default: the preset's)")
+    p.add_argument("--grouprl-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="a grouprl config field (repeatable), as vs_trl.py --grouprl-opt")
+    p.add_argument("--trl-opt", action="append", default=[], metavar="KEY=VALUE", help="a trl.GRPOConfig field")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--markdown", type=Path, default=None, help="print the table of a saved JSON result and exit")
     args = p.parse_args(argv)
@@ -64,15 +73,21 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_scaling(json.loads(args.markdown.read_text())))
         return 0
     libs = [x.strip() for x in args.libs.split(",") if x.strip()]
-    base = replace(GRPO, steps=args.steps, threads=args.threads)
-    grid = [("G", g, replace(base, num_generations=g, max_new_tokens=args.base_length))
+    size = SIZES[args.size]
+    base_length = args.base_length or size.tokens
+    lengths = args.lengths or f"{size.tokens // 2},{size.tokens},{2 * size.tokens}"
+    base = replace(GRPO, steps=args.steps, threads=args.threads, clock=args.clock,
+                   grouprl_opts=parse_opts(args.grouprl_opt, "--grouprl-opt"),
+                   trl_opts=parse_opts(args.trl_opt, "--trl-opt"))
+    grid = [("G", g, replace(base, num_generations=g, max_new_tokens=base_length))
             for g in map(int, args.groups.split(","))]
     grid += [("T", t, replace(base, num_generations=args.base_group, max_new_tokens=t))
-             for t in map(int, args.lengths.split(","))]
-    result: dict[str, Any] = {"benchmark": "scaling", "versions": versions(), "base_workload": asdict(base),
+             for t in map(int, lengths.split(","))]
+    result: dict[str, Any] = {"benchmark": "scaling", "versions": versions(), "size": args.size,
+                              "model": asdict(size), "base_workload": asdict(base),
                               "repeats": args.repeats, "points": []}
     with tempfile.TemporaryDirectory(prefix="grouprl-bench-model-") as tmp:
-        model_dir = str(make_checkpoint(Path(tmp) / "tiny"))
+        model_dir = str(make_model(Path(tmp) / args.size, size.hidden, size.layers, size.vocab))
         for knob, value, w in grid:
             row: dict[str, Any] = {"knob": knob, "value": value, "num_generations": w.num_generations,
                                    "max_new_tokens": w.max_new_tokens}
