@@ -1,6 +1,6 @@
 """A local judge for the run's duration: ``judge: {serve: builtin:judge}`` starts ``grouprl serve`` on loopback.
 
-The server is a child process (``python -m grouprl.cli serve MODEL --port 0 --parent-pid PID``) started on
+The server is a child process (``python -m grouprl serve MODEL --port 0 --parent-pid PID``) started on
 the first judge request of a configuration and shared by every later one. Its first stderr line that
 names its URL (a free port, picked by the OS) marks it ready; until then its stderr is echoed to ours
 (a built-in model may be warm-started first). Every wait is bounded: no URL within
@@ -44,7 +44,7 @@ class LocalJudge:
         if startup_timeout_s <= 0:
             raise ConfigError(f"judge: serve.startup_timeout_s={startup_timeout_s} must be positive.")
         self.model, self.name, self.startup_timeout_s = model, name, float(startup_timeout_s)
-        self.command = [sys.executable, "-m", "grouprl.cli", "serve", model, "--host", "127.0.0.1", "--port", "0",
+        self.command = [sys.executable, "-m", "grouprl", "serve", model, "--host", "127.0.0.1", "--port", "0",
                         "--name", name, "--device", device, "--max-new-tokens", str(int(max_new_tokens)),
                         "--parent-pid", str(os.getpid())]
         self.env = {**os.environ, "OMP_NUM_THREADS": str(int(threads))}

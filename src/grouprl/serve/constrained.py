@@ -6,8 +6,10 @@ distribution restricted to the allowed tokens. Both are computed lazily -- candi
 model's order (greedy) or drawn and, when refused, removed from the distribution and drawn again (an
 exact draw from the restricted distribution) -- so a model that mostly writes valid JSON pays a few
 checks per step instead of one per vocabulary entry; after ``max_tries`` refusals the full mask is built.
-Decoding stops when the reply is complete JSON of the schema (every supported schema is finite, see
-:mod:`grouprl.serve.grammar`), after ``max_new_tokens``, or after ``max_time_s`` seconds.
+A token is also refused when the JSON could no longer be completed within the tokens left
+(:meth:`~grouprl.serve.grammar.Grammar.remaining`), so a reply closes its strings, lists and objects in
+time. Decoding stops when the reply is complete JSON of the schema, after ``max_new_tokens`` (complete
+by then when the budget holds the schema's shortest JSON), or after ``max_time_s`` seconds.
 """
 
 from __future__ import annotations
@@ -39,13 +41,18 @@ class TokenTexts:
                 self.by_first.setdefault(t[0], []).append(i)
 
 
-def _allowed(grammar: Grammar, text: str, piece: str, first: set[str]) -> bool:
-    return bool(piece) and piece[0] in first and grammar.viable(text + piece)
+def _allowed(grammar: Grammar, text: str, piece: str, first: set[str], budget: int) -> bool:
+    if not piece or piece[0] not in first:
+        return False
+    rest = grammar.remaining(text + piece)
+    return rest is not None and rest <= budget
 
 
 def _pick(logits: torch.Tensor, grammar: Grammar, text: str, vocab: TokenTexts, temperature: float,
-          generator: torch.Generator | None, max_tries: int) -> int | None:
-    """One allowed token id (greedy or sampled from the restricted distribution); None when none is."""
+          generator: torch.Generator | None, max_tries: int, budget: int) -> int | None:
+    """One allowed token id (greedy or sampled from the restricted distribution); None when none is.
+    ``budget``: tokens left after this one; a token is allowed only if the JSON can still be completed in
+    that many (one character per token at worst: byte-level vocabularies hold every printable character)."""
     first = grammar.next_chars(text) | {c for c in vocab.by_first if ord(c) > 126 and grammar.viable(text + c)}
     if temperature > 0:
         probs = torch.softmax(logits / temperature, dim=-1)
@@ -53,14 +60,14 @@ def _pick(logits: torch.Tensor, grammar: Grammar, text: str, vocab: TokenTexts, 
             if float(probs.sum()) <= 0:
                 break
             t = int(torch.multinomial(probs, 1, generator=generator))
-            if _allowed(grammar, text, vocab.texts[t], first):
+            if _allowed(grammar, text, vocab.texts[t], first, budget):
                 return t
             probs[t] = 0.0
     else:
         for t in torch.argsort(logits, descending=True)[:max_tries].tolist():
-            if _allowed(grammar, text, vocab.texts[t], first):
+            if _allowed(grammar, text, vocab.texts[t], first, budget):
                 return t
-    ok = [i for c in first for i in vocab.by_first.get(c, ()) if grammar.viable(text + vocab.texts[i])]
+    ok = [i for c in first for i in vocab.by_first.get(c, ()) if _allowed(grammar, text, vocab.texts[i], first, budget)]
     if not ok:
         return None
     sub = logits[ok]
@@ -85,7 +92,8 @@ def constrained_generate(model: Any, prompt_ids: list[int], grammar: Grammar, vo
     while n < max_new_tokens and not grammar.complete(text) and time.monotonic() < deadline:
         out = model(input_ids=input_ids, use_cache=True, **({cache_arg: past} if past is not None else {}))
         past = getattr(out, "cache", None) or out.past_key_values
-        token = _pick(out.logits[0, -1].float().cpu(), grammar, text, vocab, temperature, generator, max_tries)
+        token = _pick(out.logits[0, -1].float().cpu(), grammar, text, vocab, temperature, generator, max_tries,
+                      budget=max_new_tokens - n - 1)
         if token is None:
             break
         text += vocab.texts[token]

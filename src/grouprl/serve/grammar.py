@@ -39,19 +39,32 @@ _CHARS = [chr(c) for c in range(32, 127)]
 
 
 class Node:
-    def scan(self, text: str, pos: int) -> tuple[set[int], bool]:
+    min_len = 1
+    """Length of the shortest text the node matches."""
+
+    def scan(self, text: str, pos: int) -> tuple[set[int], int | None]:
+        """``(ends, rest)``: where complete matches from ``pos`` end, and -- when ``text`` ends inside a viable
+        partial match -- the fewest characters that complete it (else None)."""
         raise NotImplementedError
 
 
+def _least(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
 class Grammar:
-    """A compiled schema: ``viable(text)`` (a prefix of some accepted JSON) and ``complete(text)``."""
+    """A compiled schema: ``viable(text)`` (a prefix of some accepted JSON), ``complete(text)``, and
+    ``remaining(text)`` (the fewest characters that complete it: what a token budget must leave room for)."""
 
     def __init__(self, root: Node) -> None:
         self.root = root
 
+    def remaining(self, text: str) -> int | None:
+        ends, rest = self.root.scan(text, 0)
+        return 0 if len(text) in ends else rest
+
     def viable(self, text: str) -> bool:
-        ends, partial = self.root.scan(text, 0)
-        return partial or len(text) in ends
+        return self.remaining(text) is not None
 
     def complete(self, text: str) -> bool:
         return len(text) in self.root.scan(text, 0)[0]
@@ -63,44 +76,47 @@ class Grammar:
 
 class Lit(Node):
     def __init__(self, s: str) -> None:
-        self.s = s
+        self.s, self.min_len = s, len(s)
 
     def scan(self, text, pos):
         rest = text[pos:]
         if rest.startswith(self.s):
-            return {pos + len(self.s)}, False
-        return set(), self.s.startswith(rest)
+            return {pos + len(self.s)}, None
+        return set(), (len(self.s) - len(rest) if self.s.startswith(rest) else None)
 
 
 class Alt(Node):
     def __init__(self, *options: Node) -> None:
         self.options = options
+        self.min_len = min(o.min_len for o in options)
 
     def scan(self, text, pos):
-        ends, partial = set(), False
+        ends, rest = set(), None
         for option in self.options:
-            e, p = option.scan(text, pos)
+            e, r = option.scan(text, pos)
             ends |= e
-            partial |= p
-        return ends, partial
+            rest = _least(rest, r)
+        return ends, rest
 
 
 class Seq(Node):
     def __init__(self, *parts: Node) -> None:
         self.parts = parts
+        self.min_len = sum(p.min_len for p in parts)
 
     def scan(self, text, pos):
-        states, partial = {pos}, False
-        for part in self.parts:
+        states, rest = {pos}, None
+        for i, part in enumerate(self.parts):
+            after = sum(p.min_len for p in self.parts[i + 1:])
             nxt = set()
             for p in states:
-                e, q = part.scan(text, p)
+                e, r = part.scan(text, p)
                 nxt |= e
-                partial |= q
+                rest = _least(rest, None if r is None else r + after)
             states = nxt
             if not states:
                 break
-        return states, partial
+        return states, rest
 
 
 class Rep(Node):
@@ -108,30 +124,38 @@ class Rep(Node):
 
     def __init__(self, open_: str, item: Node, sep: str, close: str, lo: int, hi: int) -> None:
         self.open, self.item, self.sep, self.close, self.lo, self.hi = Lit(open_), item, Lit(sep), Lit(close), lo, hi
+        self.min_len = len(open_) + self._after(0)
+
+    def _after(self, count: int) -> int:
+        """Fewest characters that finish the list once ``count`` items are complete."""
+        need = max(0, self.lo - count)
+        seps = need if count else max(0, need - 1)
+        return need * self.item.min_len + seps * self.sep.min_len + self.close.min_len
 
     def scan(self, text, pos):
-        ends, partial = set(), False
-        states, partial = self.open.scan(text, pos)
+        ends = set()
+        states, r = self.open.scan(text, pos)
+        rest = None if r is None else r + self._after(0)
         for count in range(self.hi + 1):
             if count >= self.lo:
                 for p in states:
-                    e, q = self.close.scan(text, p)
+                    e, r = self.close.scan(text, p)
                     ends |= e
-                    partial |= q
+                    rest = _least(rest, r)
             if count == self.hi or not states:
                 break
             nxt = set()
             for p in states:
                 starts = {p}
                 if count:
-                    starts, q = self.sep.scan(text, p)
-                    partial |= q
+                    starts, r = self.sep.scan(text, p)
+                    rest = _least(rest, None if r is None else r + self.item.min_len + self._after(count + 1))
                 for s in starts:
-                    e, q = self.item.scan(text, s)
+                    e, r = self.item.scan(text, s)
                     nxt |= e
-                    partial |= q
+                    rest = _least(rest, None if r is None else r + self._after(count + 1))
             states = nxt
-        return ends, partial
+        return ends, rest
 
 
 class Num(Node):
@@ -149,7 +173,17 @@ class Num(Node):
         run = _NUMBER.match(text, pos).group()
         end = pos + len(run)
         ends = {end} if run and self._complete(run) else set()
-        return ends, end == len(text) and self._viable(run)
+        return ends, (self._rest(run) if end == len(text) else None)
+
+    def _rest(self, run: str) -> int | None:
+        """Fewest characters that make ``run`` a complete number in range (breadth-first over viable prefixes)."""
+        level, depth = [run], 0
+        while level and depth <= self.digits + self.fraction + 2:
+            if any(self._complete(r) for r in level):
+                return depth
+            level = [r + c for r in level for c in "0123456789." if self._viable(r + c)]
+            depth += 1
+        return None
 
     def _parts(self, run: str) -> tuple[int, str, str | None] | None:
         m = re.fullmatch(r"(-?)(0|[1-9]\d*)?(?:(\.)(\d*))?", run)
@@ -195,17 +229,19 @@ class Str(Node):
     def __init__(self, max_len: int = MAX_STRING) -> None:
         self.max_len = max_len
 
+    min_len = 2
+
     def scan(self, text, pos):
         if pos >= len(text):
-            return set(), True
+            return set(), 2
         if text[pos] != '"':
-            return set(), False
+            return set(), None
         j = pos + 1
         while j < len(text) and text[j] not in '"\\' and ord(text[j]) >= 32 and j - pos - 1 < self.max_len:
             j += 1
         if j == len(text):
-            return set(), True
-        return ({j + 1}, False) if text[j] == '"' else (set(), False)
+            return set(), 1
+        return ({j + 1}, None) if text[j] == '"' else (set(), None)
 
 
 def _any_value(depth: int) -> Node:
