@@ -85,6 +85,22 @@ def test_a_random_model_always_writes_schema_valid_json(chat):
         assert isinstance(json.loads(text), dict), text
 
 
+def test_remaining_counts_the_characters_that_close_the_json():
+    g = compile_schema(GROUP4)
+    assert g.remaining("") == len('{"scores": [0, 0, 0, 0]}')
+    assert g.remaining('{"scores": [1, 2') == len(", 0, 0]}")
+    assert g.remaining('{"scores": [1, 2, 3, 4]}') == 0 and g.remaining('{"scores": [1, 2, 3, 4]') == 1
+    assert json_object_grammar().remaining('{"a": [1, "x') == len('"]}')
+
+
+def test_a_tight_token_budget_still_closes_the_json(chat):
+    """json_object lets a random model open strings and lists; with 12 tokens it must still finish."""
+    chat_small = type(chat)(chat.model, chat.tokenizer, max_new_tokens=12)
+    for _ in range(20):
+        text, _, n = chat_small.complete([{"role": "user", "content": "x"}], 12, 1.5, {"type": "json_object"})
+        assert isinstance(json.loads(text), dict) and n <= 12, text
+
+
 def test_greedy_is_the_models_choice_among_allowed_tokens(chat):
     """Greedy constrained decoding = argmax over the allowed tokens at each step (checked step by step)."""
     import torch
