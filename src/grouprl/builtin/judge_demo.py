@@ -158,6 +158,15 @@ def demo_tokenizer(spec: Any):
         additional_special_tokens=["<|endoftext|>", "<|im_start|>"])
 
 
+def demo_encode(tok: Any, conversations: list[tuple[list[dict], None]]) -> list[tuple[list[int], list[int]]]:
+    """Token ids of each conversation with the loss on every token (not only the reply): predicting the
+    reference answer, which follows the candidate, trains the copy/duplicate-token attention that the
+    score needs, with a signal on many tokens instead of one digit per chat."""
+    from grouprl.builtin.agent_demos import conversation_ids
+
+    return [(ids, [1] * len(ids)) for ids, _ in (conversation_ids(tok, m, t) for m, t in conversations)]
+
+
 class _Spec:
     def __init__(self, sft_rows: int, seed: int) -> None:
         self.sft_rows, self.seed = sft_rows, seed

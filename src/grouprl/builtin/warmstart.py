@@ -108,7 +108,7 @@ WARMSTARTS: dict[str, WarmStart] = {
     "countdown": WarmStart(task="countdown", sft_steps=600),
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
-    "judge": WarmStart(environment="judge", vocab_size=500, sft_rows=6000, sft_steps=600, batch_size=16),
+    "judge": WarmStart(environment="judge", vocab_size=500, sft_rows=6000, sft_steps=800, batch_size=16),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
 }
@@ -236,8 +236,9 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         if spec.environment:
             from grouprl.builtin.agent_demos import encode_conversations
 
-            conversations, demo_accuracy = _demos(spec.environment).demo_examples(spec)
-            encoded = encode_conversations(tok, conversations)
+            demos = _demos(spec.environment)
+            conversations, demo_accuracy = demos.demo_examples(spec)
+            encoded = getattr(demos, "demo_encode", encode_conversations)(tok, conversations)
         else:
             examples, demo_accuracy = sft_examples(spec)
             encoded = _encode(tok, examples)
