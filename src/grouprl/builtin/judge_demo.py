@@ -14,7 +14,13 @@ are the held-out set (:func:`heldout_items`). Candidates look like a policy's fi
 or a distractor, bare or in a short sentence, with or without ``[pN]`` citations, plus near misses (one
 word of a multi-word reference). The tokenizer splits off spaces and punctuation before BPE, so a word is
 the same tokens wherever it stands (after a space, a newline or a bracket) and matching is a token-identity
-match for attention.
+match for attention. The judge prompt shows the reference after the candidate, at a fixed distance before
+the reply, and the SFT loss covers every token (:func:`demo_encode`): predicting the reference from the
+candidate trains the duplicate-token attention the score reads.
+
+What it reaches (800 SFT steps, batch 16, ~5 CPU-minutes): 0.670 agreement with the rule on the 88
+held-out items of :func:`heldout_items` (always-0 would get 0.534), 0.70 on its training distribution;
+it leans towards 10. A weak judge, but its score is its own reading of the answer, not noise.
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def judge_question(prompt: Any) -> Any:
     """What the judge is shown of a retrieval prompt: the question after its last ``Question:``, without the
     tool protocol the policy was told (the judge grades the answer, not the protocol).
 
-    >>> judge_question("Use the search tool ...\n\nQuestion: Where?")
+    >>> judge_question("Use the search tool ...\\n\\nQuestion: Where?")
     'Where?'
     """
     if isinstance(prompt, str) and "Question:" in prompt:
