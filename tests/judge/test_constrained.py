@@ -101,6 +101,12 @@ def test_a_tight_token_budget_still_closes_the_json(chat):
         assert isinstance(json.loads(text), dict) and n <= 12, text
 
 
+def test_a_server_cap_below_the_shortest_json_is_refused(chat):
+    tiny_cap = type(chat)(chat.model, chat.tokenizer, max_new_tokens=8)
+    with pytest.raises(ValueError, match="--max-new-tokens"):
+        tiny_cap.complete([{"role": "user", "content": "x"}], 8, 0.0, _fmt(SCORE))  # '{"score": 0}' is 12
+
+
 def test_greedy_is_the_models_choice_among_allowed_tokens(chat):
     """Greedy constrained decoding = argmax over the allowed tokens at each step (checked step by step)."""
     import torch

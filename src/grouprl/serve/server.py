@@ -60,6 +60,10 @@ class ChatServer:
         """``(text, prompt tokens, completion tokens)``; TimeoutError when the model stays busy too long,
         ValueError for a ``response_format`` it cannot enforce."""
         grammar = grammar_for(response_format)
+        if grammar is not None and grammar.remaining("") > self.max_new_tokens:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} of this server cannot hold the shortest JSON of "
+                             f"the response_format schema ({grammar.remaining('')} characters); restart grouprl serve "
+                             f"with a larger --max-new-tokens.")
         ids = self.prompt_ids(messages)
         new = min(int(max_tokens or self.max_new_tokens), self.max_new_tokens)
         if not self._lock.acquire(timeout=self.queue_timeout_s):
