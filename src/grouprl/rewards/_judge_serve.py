@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import os
 import queue
@@ -65,7 +66,9 @@ class LocalJudge:
                 if self.proc.poll() is not None:
                     break
                 continue
-            if line is None:
+            if line is None:  # its stderr closed: it is exiting; give it a moment to say with which code
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=10)
                 break
             found = _URL.search(line)
             if found:
