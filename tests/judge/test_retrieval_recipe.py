@@ -23,11 +23,19 @@ def _train(tmp_path, *overrides: str, timeout: int) -> subprocess.CompletedProce
     cmd = [sys.executable, "-m", "grouprl", "train", "-c", "recipes/retrieval.yaml", f"output_dir={tmp_path / 'run'}",
            f"reward_kwargs.retrieval.judge.cache_dir={tmp_path / 'judge-cache'}", "progress_bar=false", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    before = {p.pid for p in psutil.process_iter()}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    left = [q for q in psutil.process_iter(["cmdline"]) if q.pid not in before
-            and "serve" in (q.info["cmdline"] or []) and "--parent-pid" in (q.info["cmdline"] or [])]
-    assert not left, f"judge servers left running: {[q.pid for q in left]}"
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    # the run's judge server was told to watch this run (--parent-pid); none may outlive it
+    mine = ["--parent-pid", str(proc.pid)]
+    left = [q.pid for q in psutil.process_iter(["cmdline"])
+            if any((q.info["cmdline"] or [])[i:i + 2] == mine for i in range(len(q.info["cmdline"] or [])))]
+    assert not left, f"judge servers left running: {left}"
+    p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     assert p.returncode == 0, p.stderr[-4000:]
     return p
 
