@@ -74,3 +74,19 @@ def test_the_server_stops_when_its_parent_dies(tiny_model_dir):
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+
+
+def test_replies_are_cached_per_served_weights(tiny_model_dir, tiny_llama_dir, tmp_path):
+    """Two models served under the same name ("judge") never share cached replies: the cache file is named
+    after the weights the server reports (GET /health)."""
+    import httpx2
+
+    for model_dir in (tiny_model_dir, tiny_model_dir, tiny_llama_dir):
+        out = judge_reward(["q"], ["a"], serve={"model": str(model_dir), "max_new_tokens": 16},
+                           cache_dir=str(tmp_path), timeout_s=60)
+        assert out[0] is not None
+    files = sorted(p.name for p in tmp_path.glob("judge-*.sqlite"))
+    assert len(files) == 2, files
+    (url, _), = [(s.url, s) for s in _judge_serve._SERVERS.values() if s.model == str(tiny_llama_dir)]
+    assert str(tiny_llama_dir.resolve()) in httpx2.get(url.removesuffix("/v1") + "/health", timeout=10).json()[
+        "fingerprint"]

@@ -51,6 +51,7 @@ class LocalJudge:
         self.env = {**os.environ, "OMP_NUM_THREADS": str(int(threads))}
         self.proc: subprocess.Popen | None = None
         self.url: str | None = None
+        self.fingerprint = model
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
 
     def start(self) -> str:
@@ -73,6 +74,7 @@ class LocalJudge:
             found = _URL.search(line)
             if found:
                 self.url = found.group(1)
+                self.fingerprint = self._fingerprint()
                 log.info("judge: serving %s at %s (pid %d)", self.model, self.url, self.proc.pid)
                 return self.url
         code = self.proc.poll()
@@ -82,6 +84,16 @@ class LocalJudge:
         raise RewardError(f"judge: the local judge server `{' '.join(self.command[2:])}` {what}. Its last output:\n"
                           f"{output}\nFix the model name or device, or raise serve.startup_timeout_s (a built-in "
                           f"model is warm-started once on first use).")
+
+    def _fingerprint(self) -> str:
+        """What identifies the served weights (``GET /health``), for the reply cache's file name."""
+        import httpx2
+
+        try:
+            health = httpx2.get(self.url.removesuffix("/v1") + "/health", timeout=10, trust_env=False).json()
+            return str(health.get("fingerprint") or self.model)
+        except (httpx2.HTTPError, ValueError, AttributeError):
+            return self.model
 
     def _pump(self, lines: queue.Queue) -> None:
         stream = self.proc.stderr if self.proc is not None else None
@@ -119,8 +131,9 @@ def serve_options(serve: Any) -> dict[str, Any]:
                       f"{{model: ..., device: cpu, startup_timeout_s: 600}}.")
 
 
-def local_judge_url(serve: Any, name: str = "judge") -> str:
-    """The base URL of the local judge for ``serve``, started on first use (one per configuration)."""
+def local_judge(serve: Any, name: str = "judge") -> tuple[str, str]:
+    """``(base URL, fingerprint of the weights)`` of the local judge for ``serve``, started on first use (one
+    per configuration)."""
     options = {"name": name, **serve_options(serve)}
     key = tuple(sorted(options.items()))
     with _LOCK:
@@ -131,7 +144,7 @@ def local_judge_url(serve: Any, name: str = "judge") -> str:
             if not _SERVERS:
                 atexit.register(stop_all)
             _SERVERS[key] = server
-        return server.url  # type: ignore[return-value]
+        return server.url, server.fingerprint  # type: ignore[return-value]
 
 
 def stop_all() -> None:

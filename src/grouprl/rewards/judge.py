@@ -297,11 +297,13 @@ def judge_reward(prompts, completions, *, base_url: str | None = None, model: st
         if base_url is not None:
             raise ConfigError("judge: set either base_url (a running endpoint) or serve (a model to serve "
                               "locally for the run), not both.")
-        from grouprl.rewards._judge_serve import local_judge_url
+        from grouprl.rewards._judge_serve import local_judge
 
         model = model or "judge"
-        base_url = local_judge_url(serve, name=model)
-    cache_path = None if cache_dir is None else f"{cache_dir}/judge.sqlite"
+        base_url, fingerprint = local_judge(serve, name=model)
+    # a served model's replies are cached per weights: a rebuilt judge under the same name starts afresh
+    cache_name = "judge.sqlite" if serve is None else f"judge-{cache_key(fingerprint)[:12]}.sqlite"
+    cache_path = None if cache_dir is None else f"{cache_dir}/{cache_name}"
     client = get_client(base_url=base_url, model=model, api_key_env=api_key_env, timeout_s=timeout_s,
                         max_retries=max_retries, backoff_s=backoff_s, concurrency=concurrency,
                         rate_limit_per_s=rate_limit_per_s, budget_s=budget_s, cache_path=cache_path,

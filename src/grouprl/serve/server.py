@@ -44,6 +44,7 @@ class ChatServer:
         self.max_prompt_tokens, self.queue_timeout_s = int(max_prompt_tokens), float(queue_timeout_s)
         self._lock = threading.Lock()
         self._vocab = None
+        self.fingerprint = name  # what identifies the weights (GET /health); load_chat_server sets it
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -111,7 +112,7 @@ def _handler(chat: ChatServer, max_body_bytes: int, socket_timeout_s: float):
 
         def do_GET(self):
             if self.path.rstrip("/") in ("/health", ""):
-                self._send(200, {"status": "ok", "model": chat.name})
+                self._send(200, {"status": "ok", "model": chat.name, "fingerprint": chat.fingerprint})
             elif self.path.rstrip("/") == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": chat.name, "object": "model"}]})
             else:
@@ -175,4 +176,19 @@ def load_chat_server(model: str, *, device: str = "auto", **kw: Any) -> ChatServ
 
     path = resolve_model_path(model)
     tokenizer = load_tokenizer(path)
-    return ChatServer(load_model(model, pick_device(device)), tokenizer, name=kw.pop("name", None) or model, **kw)
+    chat = ChatServer(load_model(model, pick_device(device)), tokenizer, name=kw.pop("name", None) or model, **kw)
+    chat.fingerprint = model_fingerprint(str(path))
+    return chat
+
+
+def model_fingerprint(path: str) -> str:
+    """The model directory with the size and modification time of its files (a hub id as it is), so that a
+    judge's reply cache never mixes the replies of two different weights served under one name."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(path)
+    if not root.is_dir():
+        return path
+    stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in root.iterdir() if f.is_file())
+    return f"{root.resolve()}#{hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}"
