@@ -13,9 +13,9 @@ from grouprl.builtin.warmstart import WARMSTARTS
 from grouprl.data.retrieval import QUESTIONS
 from grouprl.rewards.retrieval import answer_present, retrieval_reward
 
-# Measured with the built model (800 SFT steps, seed 0): 0.670 of 88 held-out items, where the majority answer
-# gets 0.534 (recipes/retrieval.yaml). The floor keeps a margin of 0.05 below the measurement.
-HELDOUT_AGREEMENT_FLOOR = 0.62
+# Measured with the built model (2,000 SFT steps, seed 0): 0.830 of 88 held-out items, where the majority answer
+# gets 0.534 (recipes/retrieval.yaml). The floor keeps a margin of 0.08 below the measurement.
+HELDOUT_AGREEMENT_FLOOR = 0.75
 
 
 def test_demonstrations_are_the_prompts_the_judge_reward_sends():
@@ -106,5 +106,5 @@ def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
         positives += rule
         agree += (score > 0.5) == rule
     base = max(positives, len(items) - positives) / len(items)
-    assert agree / len(items) >= max(HELDOUT_AGREEMENT_FLOOR, base + 0.05), (agree / len(items), base)
+    assert agree / len(items) >= max(HELDOUT_AGREEMENT_FLOOR, base + 0.2), (agree / len(items), base)
 

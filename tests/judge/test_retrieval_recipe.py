@@ -61,9 +61,9 @@ def test_the_recipe_runs_with_its_own_served_judge(tmp_path, tiny_model_dir):
 @pytest.mark.slow
 def test_the_recipe_with_its_built_in_models(tmp_path):
     """The recipe as shipped (3 steps): the retriever writes supported answers, the judge scores all of them and
-    agrees with the rule more often than not (0.645 over the full 20-step run)."""
+    agrees with the rule (0.827 over the full 20-step run; 3 steps are noisier)."""
     p = _train(tmp_path, "max_steps=3", timeout=3600)
     agreement, judged, no_opinion, rule_correct, supported, _ = _summary(p.stderr)
     assert int(judged) == 3 * 32 + 2 and int(no_opinion) == 0
     assert int(supported) > 0 and int(rule_correct) > 0
-    assert float(agreement) > 0.5
+    assert float(agreement) > 0.65
