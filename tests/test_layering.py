@@ -65,7 +65,9 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {ROOT, "errors", "cmd"},
     "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},
-    "builtin": _BASE | {"data"},  # demo models; nothing imports it statically (see BY_NAME)
+    # demo models; nothing imports it statically (see BY_NAME). envs / rewards: the search agent's and the
+    # judge's demonstrations are rendered by the search tool and the judge reward's own prompt builders.
+    "builtin": _BASE | {"data", "envs", "rewards"},
 }
 
 # Edges allowed only as a lookup by name (import_module with a literal, or a module-name string) inside the

@@ -20,7 +20,7 @@ def served(tiny_model_dir):
 
     torch.manual_seed(0)
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
-                      name="tiny", max_new_tokens=8, max_time_s=20)
+                      name="tiny", max_new_tokens=32, max_time_s=20)
     server = make_server(chat, "127.0.0.1", 0, max_body_bytes=4096, socket_timeout_s=5)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -57,11 +57,14 @@ def test_bad_requests_are_refused(served, content, status):
 
 
 def test_the_judge_runs_against_a_served_local_model(served):
-    """A random tiny model is a useless judge: its replies are garbage, so each score is None (logged) or a
-    number in [0, 1] -- and nothing crashes or hangs."""
+    """A random tiny model is a useless judge, but a parsable one: the judge asks for its JSON schema, so each
+    score is a number in [0, 1]. Without structured output its free text is mostly unusable (None, logged)."""
     out = judge_reward(["q", "q"], ["a", "b"], base_url=f"{served}/v1", model="tiny", max_tokens=8, timeout_s=60,
                        max_retries=0)
-    assert len(out) == 2 and all(s is None or 0 <= s <= 1 for s in out)
+    assert len(out) == 2 and all(s is not None and 0 <= s <= 1 for s in out)
+    free = judge_reward(["q", "q"], ["a", "b"], base_url=f"{served}/v1", model="tiny", max_tokens=8, timeout_s=60,
+                        max_retries=0, structured=False)
+    assert len(free) == 2 and all(s is None or 0 <= s <= 1 for s in free)
 
 
 def test_the_cli_knows_serve():

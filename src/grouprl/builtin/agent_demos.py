@@ -110,3 +110,14 @@ def tool_corpus(spec: Any, tok: Any, n: int = 600) -> list[str]:
 
     conversations, _ = tool_examples(replace(spec, sft_rows=n, tool_fraction=max(spec.tool_fraction, 0.5)))
     return [_render(tok, messages, tools, False) for messages, tools in conversations]
+
+
+def demo_tokenizer(spec: Any):
+    """The tokenizer of a tool warm start: BPE trained on the demonstrations as the chat template renders them."""
+    from grouprl.builtin.tiny import build_tokenizer
+    from grouprl.data.tasks import corpus
+
+    return build_tokenizer(tool_corpus(spec, build_tokenizer(corpus(spec.task))), vocab_size=spec.vocab_size)
+
+
+demo_examples = tool_examples

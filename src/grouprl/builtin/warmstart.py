@@ -108,6 +108,10 @@ WARMSTARTS: dict[str, WarmStart] = {
     "countdown": WarmStart(task="countdown", sft_steps=600),
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
+    "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
+                       batch_size=16),
+    "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
+                           sft_steps=300, batch_size=16),
 }
 
 
@@ -219,9 +223,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     t0 = time.perf_counter()
     with _deterministic_torch(spec.threads):
         if spec.environment:
-            from grouprl.builtin.agent_demos import tool_corpus
-
-            tok = build_tokenizer(tool_corpus(spec, build_tokenizer(corpus(spec.task))), vocab_size=spec.vocab_size)
+            tok = _demos(spec.environment).demo_tokenizer(spec)
         else:
             tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
         model = build_tiny_model(
@@ -233,10 +235,11 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
             seed=spec.seed,
         )
         if spec.environment:
-            from grouprl.builtin.agent_demos import encode_conversations, tool_examples
+            from grouprl.builtin.agent_demos import encode_conversations
 
-            conversations, demo_accuracy = tool_examples(spec)
-            encoded = encode_conversations(tok, conversations)
+            demos = _demos(spec.environment)
+            conversations, demo_accuracy = demos.demo_examples(spec)
+            encoded = getattr(demos, "demo_encode", encode_conversations)(tok, conversations)
         else:
             examples, demo_accuracy = sft_examples(spec)
             encoded = _encode(tok, examples)
@@ -255,6 +258,16 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     }
     (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
+
+
+def _demos(environment: str):
+    """The module that builds the chat demonstrations (``demo_tokenizer``, ``demo_examples``) of ``environment``."""
+    from grouprl.builtin import agent_demos, judge_demo, search_demo
+
+    modules = {"calculator": agent_demos, "judge": judge_demo, "search": search_demo}
+    if environment not in modules:
+        raise ValueError(f"WarmStart.environment={environment!r}: known demonstrations: {', '.join(modules)}")
+    return modules[environment]
 
 
 def _sft(model, encoded, spec: WarmStart, *, pad_id: int) -> list[float]:

@@ -21,6 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-time", type=float, default=60.0, help="cap on seconds of generation per request")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get HTTP 413")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a client may stall mid-request")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="stop when this process exits (a run that started its own judge: judge.serve)")
     p.set_defaults(func=run)
 
 
@@ -34,6 +36,10 @@ def run(args: argparse.Namespace) -> int:
     server = make_server(chat, args.host, args.port, max_body_bytes=args.max_body_bytes,
                          socket_timeout_s=args.timeout)
     host, port = server.server_address[:2]
+    if args.parent_pid:
+        import threading
+
+        threading.Thread(target=_watch_parent, args=(args.parent_pid, server), daemon=True).start()
     print(f"serving {chat.name} at http://{host}:{port}/v1 (POST /v1/chat/completions); Ctrl-C stops",
           file=sys.stderr, flush=True)
     try:
@@ -43,3 +49,19 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _watch_parent(pid: int, server, poll_s: float = 1.0) -> None:
+    """Shut the server down once process ``pid`` is gone (checked every ``poll_s`` seconds)."""
+    import os
+    import time
+
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            server.shutdown()
+            return
+        except PermissionError:
+            pass
+        time.sleep(poll_s)

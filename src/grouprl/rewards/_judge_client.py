@@ -10,6 +10,9 @@ around them, which no client library ships as one piece:
 - a budget: when no request has succeeded for ``budget_s`` seconds while requests keep failing, the next
   failure raises :class:`~grouprl.errors.RewardError` naming the URL and the fix, so a run with a dead
   judge stops instead of hanging or silently training on "no opinion";
+- structured output: a request may carry OpenAI's ``response_format`` (a JSON schema of the scores; ``grouprl
+  serve`` enforces it by constrained decoding, so a served model's reply always parses). An endpoint that
+  refuses it (HTTP 400 / 422) is asked again without it, and from then on never with it (logged once);
 - an on-disk cache (SQLite, one table) of the judge's replies keyed by a hash of the request, so a resumed
   run does not pay twice.
 
@@ -104,6 +107,7 @@ class JudgeClient:
         self._failing_since: float | None = None
         self.cache = ReplyCache(cache_path) if cache_path else None
         self.requests = 0
+        self.structured_ok = True  # False once the endpoint has refused a response_format
 
     def __repr__(self) -> str:
         return f"JudgeClient({self.url!r}, model={self.model!r}, api_key_env={self.api_key_env!r})"
@@ -140,8 +144,10 @@ class JudgeClient:
                 f"budget_s={self.budget_s:g}. Check that the server is up (`grouprl serve MODEL --port N`), "
                 f"the base_url, and the key in ${self.api_key_env or '(none)'}; or raise budget_s.")
 
-    def chat(self, messages: list[dict[str, str]], key: str | None = None) -> tuple[str | None, str]:
+    def chat(self, messages: list[dict[str, str]], key: str | None = None,
+             response_format: dict | None = None) -> tuple[str | None, str]:
         """``(reply text, "")`` or ``(None, reason)`` after the retries; cached under ``key`` when given.
+        ``response_format`` is sent unless the endpoint has refused one before (see the module docstring).
         Raises RewardError when the endpoint has been failing for longer than ``budget_s``."""
         if key is not None and self.cache is not None:
             cached = self.cache.get(key)
@@ -154,8 +160,15 @@ class JudgeClient:
             if attempt:
                 time.sleep(self._delay(attempt, reason))
             self._wait_for_rate()
+            if response_format is not None and self.structured_ok:
+                body["response_format"] = response_format
             with self._slots:
                 reply, reason, retry = self._post(body)
+            if "response_format" in body and reason in ("HTTP 400", "HTTP 422"):
+                self._refused_format(reason)
+                body.pop("response_format")
+                with self._slots:
+                    reply, reason, retry = self._post(body)
             if reply is not None:
                 self._note(True)
                 if key is not None and self.cache is not None:
@@ -165,6 +178,13 @@ class JudgeClient:
             if not retry:
                 break
         return None, reason
+
+    def _refused_format(self, reason: str) -> None:
+        with self._state_lock:
+            first, self.structured_ok = self.structured_ok, False
+        if first:
+            log.warning("judge %s refused response_format (%s): asking without it from now on; replies that are "
+                        "not JSON count as no opinion. Set structured: false to skip the attempt.", self.url, reason)
 
     def _delay(self, attempt: int, reason: str) -> float:
         delay = self.backoff_s * 2 ** (attempt - 1)

@@ -21,13 +21,17 @@
 
 The judge/rule agreement (:func:`~grouprl.rewards.judge.judge_agreement` of the judge score and the
 answer-present rule) is logged as ``judge/agreement`` through TRL's ``log_metric`` when the trainer
-passes it, and kept in :data:`LAST_METRICS`.
+passes it, and kept in :data:`LAST_METRICS`; the run-wide counts (:data:`RUN_TOTALS`) are printed as one
+line when the process ends (:func:`judge_summary`): the agreement, how many answers the judge scored,
+how many it had no opinion on, and how many the rules found correct and supported.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,6 +49,8 @@ _RESULT_ID = re.compile(r"^\s*\[(p\d+)\]", re.MULTILINE)
 _BLOCKS = re.compile(r"<think>.*?</think>|<tool_call>.*?</tool_call>|<tool_response>.*?</tool_response>", re.DOTALL)
 _LEAKS = frozenset({"api_key", "us_ssn", "email"})
 LAST_METRICS: dict[str, float] = {}
+RUN_TOTALS: dict[str, int] = dict.fromkeys(
+    ("answers", "judged", "no_opinion", "agree", "supported", "rule_correct", "judge_correct"), 0)
 
 
 def final_answer(text: str) -> str:
@@ -68,6 +74,31 @@ def retrieved_ids(tool_calls: Any, env_state: Any = None) -> set[str]:
     return ids
 
 
+def answer_present(final: str, answer: Any) -> float:
+    """1.0 when a gold answer (or any of a list) appears in ``final``, citations removed, case and spacing
+    normalised (:func:`~grouprl.rewards.exact.normalize_text`).
+
+    >>> answer_present("the seine [p20]", "Seine"), answer_present("Loire [p20]", ["Seine", "Tiber"])
+    (1.0, 0.0)
+    """
+    answers = answer if isinstance(answer, (list, tuple)) else [answer]
+    plain = normalize_text(_CITE.sub(" ", final), case_sensitive=False)
+    golds = [normalize_text(str(a), case_sensitive=False) for a in answers if a is not None]
+    return float(any(g and g in plain for g in golds))
+
+
+def judge_question(prompt: Any) -> Any:
+    """What the judge is shown of a retrieval prompt: the question after its last ``Question:``, without the
+    tool protocol the policy was told (the judge grades the answer, not the protocol).
+
+    >>> judge_question("Use the search tool ...\\n\\nQuestion: Where?")
+    'Where?'
+    """
+    if isinstance(prompt, str) and "Question:" in prompt:
+        return prompt.rsplit("Question:", 1)[1].strip()
+    return prompt
+
+
 def _num_searches(tool_calls: Any) -> int:
     return sum(1 for c in tool_calls or [] if isinstance(c, dict) and c.get("name") == "search")
 
@@ -88,10 +119,7 @@ def rule_scores(completion: str, *, answer: Any, gold_ids: Sequence[str] | None,
     support = float(min_citations <= len(cited) <= max_citations and all(c in shown for c in cited))
     golds = set(gold_ids or [])
     precision = sum(c in golds for c in cited) / len(cited) if golds and cited else 1.0
-    answers = answer if isinstance(answer, (list, tuple)) else [answer]
-    plain = normalize_text(_CITE.sub(" ", final), case_sensitive=False)
-    present = float(any(a is not None and normalize_text(str(a), case_sensitive=False) in plain
-                        and normalize_text(str(a), case_sensitive=False) for a in answers))
+    present = answer_present(final, answer)
     length = num_tokens if num_tokens is not None else len(completion.split())
     efficiency = support * 0.5 * (_within(_num_searches(tool_calls), expected_searches) + _within(length, max_tokens))
     leaked = any(h.category in _LEAKS for h in safety_report(final)) or any(s and s in completion for s in secrets)
@@ -105,6 +133,42 @@ def combine(rules: dict[str, float], judge: float | None, judge_weight: float) -
     accuracy = rules["answer"] * rules["support"] * mix
     return (WEIGHTS["accuracy"] * accuracy + WEIGHTS["format"] * rules["format"]
             + WEIGHTS["efficiency"] * rules["efficiency"] + WEIGHTS["safety"] * rules["safety"])
+
+
+def _tally(judged: Sequence[float | None], rules: Sequence[dict[str, float]]) -> None:
+    """Add a batch to the run's judge/rule counts (:data:`RUN_TOTALS`); the first call arranges the summary
+    line printed when the run ends."""
+    if not RUN_TOTALS["answers"]:
+        atexit.register(print_judge_summary)
+    for j, r in zip(judged, rules):
+        RUN_TOTALS["answers"] += 1
+        RUN_TOTALS["supported"] += r["support"] > 0
+        RUN_TOTALS["rule_correct"] += r["answer"] > 0.5
+        if j is None:
+            RUN_TOTALS["no_opinion"] += 1
+            continue
+        RUN_TOTALS["judged"] += 1
+        RUN_TOTALS["judge_correct"] += j > 0.5
+        RUN_TOTALS["agree"] += (j > 0.5) == (r["answer"] > 0.5)
+
+
+def judge_summary(totals: dict[str, int] | None = None) -> str:
+    """One line: the judge/rule agreement over the run and what it was computed on.
+
+    >>> judge_summary({"answers": 4, "judged": 3, "no_opinion": 1, "agree": 2, "supported": 1,
+    ...                "rule_correct": 2, "judge_correct": 1})
+    'judge/rule agreement 0.667 over 3 judged answers (1 no opinion; rule: 2 correct, 1 supported; judge: 1 correct)'
+    """
+    t = totals if totals is not None else RUN_TOTALS
+    agreement = f"{t['agree'] / t['judged']:.3f}" if t["judged"] else "undefined"
+    return (f"judge/rule agreement {agreement} over {t['judged']} judged answers ({t['no_opinion']} no opinion; "
+            f"rule: {t['rule_correct']} correct, {t['supported']} supported; judge: {t['judge_correct']} correct)")
+
+
+def print_judge_summary() -> None:
+    """Print :func:`judge_summary` to stderr (at exit, once the run has used a judge)."""
+    if RUN_TOTALS["answers"]:
+        print(f"grouprl: {judge_summary()}", file=sys.stderr, flush=True)
 
 
 def _column(value: Any, n: int) -> list:
@@ -145,11 +209,13 @@ def retrieval_reward(prompts, completions, *, answer: Any = None, gold_ids: Any 
                          secrets=secrets) for i in range(n)]
     judged: list[float | None] = [None] * n
     if judge:
-        from grouprl.rewards.judge import judge_agreement, judge_reward
+        from grouprl.rewards.judge import judge_agreement, judge_reward, prompt_text
 
         options = {"rubric": "retrieval", **judge}
-        judged = judge_reward(prompts, [final_answer(t) for t in texts], answer=answers, **options)
+        shown = prompts if not isinstance(prompts, (list, tuple)) else [judge_question(prompt_text(p)) for p in prompts]
+        judged = judge_reward(shown, [final_answer(t) for t in texts], answer=answers, **options)
         agreement = judge_agreement(judged, [r["answer"] for r in rules])
+        _tally(judged, rules)
         if agreement is not None:
             LAST_METRICS["judge/agreement"] = agreement
             log.info("judge/agreement %.3f over %d completions", agreement, n)

@@ -6,8 +6,12 @@ after ``socket_timeout_s``, generation stops after ``max_new_tokens`` or ``max_t
 (``generate(max_time=...)``), and requests queue for the model for at most ``queue_timeout_s`` before a
 503. A web framework would add a dependency without removing any of these decisions.
 
-Endpoints: ``POST /v1/chat/completions`` (``messages``, ``max_tokens``, ``temperature``; ``model`` is
-echoed, not checked), ``GET /v1/models``, ``GET /health``. Messages go through the tokenizer's chat
+Endpoints: ``POST /v1/chat/completions`` (``messages``, ``max_tokens``, ``temperature``, ``response_format``;
+``model`` is echoed, not checked), ``GET /v1/models``, ``GET /health``. ``response_format`` (OpenAI's
+``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": ...}}``) is enforced by
+constrained decoding (:mod:`grouprl.serve.constrained`): the reply is always JSON of the schema, and its
+values are the model's own choice among the allowed tokens. A structured reply ends when its JSON is
+complete, so ``max_tokens`` does not cut it short (the server's ``max_new_tokens`` still bounds it). Messages go through the tokenizer's chat
 template when it has one, else through a plain ``role: content`` transcript.
 """
 
@@ -24,6 +28,8 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError
+from grouprl.serve.constrained import TokenTexts, constrained_generate
+from grouprl.serve.grammar import grammar_for
 
 log = logging.getLogger("grouprl.serve")
 
@@ -37,6 +43,8 @@ class ChatServer:
         self.max_new_tokens, self.max_time_s = int(max_new_tokens), float(max_time_s)
         self.max_prompt_tokens, self.queue_timeout_s = int(max_prompt_tokens), float(queue_timeout_s)
         self._lock = threading.Lock()
+        self._vocab = None
+        self.fingerprint = name  # what identifies the weights (GET /health); load_chat_server sets it
 
     def prompt_ids(self, messages: list[dict]) -> list[int]:
         tok = self.tokenizer
@@ -48,14 +56,26 @@ class ChatServer:
             ids = tok(text)["input_ids"]
         return list(ids)[-self.max_prompt_tokens:]
 
-    def complete(self, messages: list[dict], max_tokens: int | None = None,
-                 temperature: float = 0.0) -> tuple[str, int, int]:
-        """``(text, prompt tokens, completion tokens)``; TimeoutError when the model stays busy too long."""
+    def complete(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.0,
+                 response_format: dict | None = None) -> tuple[str, int, int]:
+        """``(text, prompt tokens, completion tokens)``; TimeoutError when the model stays busy too long,
+        ValueError for a ``response_format`` it cannot enforce."""
+        grammar = grammar_for(response_format)
+        if grammar is not None and grammar.remaining("") > self.max_new_tokens:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens} of this server cannot hold the shortest JSON of "
+                             f"the response_format schema ({grammar.remaining('')} characters); restart grouprl serve "
+                             f"with a larger --max-new-tokens.")
         ids = self.prompt_ids(messages)
         new = min(int(max_tokens or self.max_new_tokens), self.max_new_tokens)
         if not self._lock.acquire(timeout=self.queue_timeout_s):
             raise TimeoutError(f"the model was busy for {self.queue_timeout_s:g}s")
         try:
+            if grammar is not None:
+                if self._vocab is None:
+                    self._vocab = TokenTexts(self.tokenizer)
+                text, n = constrained_generate(self.model, ids, grammar, self._vocab, temperature=float(temperature),
+                                               max_new_tokens=self.max_new_tokens, max_time_s=self.max_time_s)
+                return text, len(ids), n
             device = next(self.model.parameters()).device
             input_ids = torch.tensor([ids], device=device)
             sample = float(temperature) > 0
@@ -92,7 +112,7 @@ def _handler(chat: ChatServer, max_body_bytes: int, socket_timeout_s: float):
 
         def do_GET(self):
             if self.path.rstrip("/") in ("/health", ""):
-                self._send(200, {"status": "ok", "model": chat.name})
+                self._send(200, {"status": "ok", "model": chat.name, "fingerprint": chat.fingerprint})
             elif self.path.rstrip("/") == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": chat.name, "object": "model"}]})
             else:
@@ -121,9 +141,13 @@ def _handler(chat: ChatServer, max_body_bytes: int, socket_timeout_s: float):
                 return
             try:
                 text, n_prompt, n_completion = chat.complete(messages, body.get("max_tokens"),
-                                                             float(body.get("temperature") or 0.0))
+                                                             float(body.get("temperature") or 0.0),
+                                                             body.get("response_format"))
             except TimeoutError as e:
                 self._error(503, str(e))
+                return
+            except ValueError as e:
+                self._error(400, f"bad request: {e}")
                 return
             self._send(200, {
                 "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
@@ -152,4 +176,19 @@ def load_chat_server(model: str, *, device: str = "auto", **kw: Any) -> ChatServ
 
     path = resolve_model_path(model)
     tokenizer = load_tokenizer(path)
-    return ChatServer(load_model(model, pick_device(device)), tokenizer, name=kw.pop("name", None) or model, **kw)
+    chat = ChatServer(load_model(model, pick_device(device)), tokenizer, name=kw.pop("name", None) or model, **kw)
+    chat.fingerprint = model_fingerprint(str(path))
+    return chat
+
+
+def model_fingerprint(path: str) -> str:
+    """The model directory with the size and modification time of its files (a hub id as it is), so that a
+    judge's reply cache never mixes the replies of two different weights served under one name."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(path)
+    if not root.is_dir():
+        return path
+    stats = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in root.iterdir() if f.is_file())
+    return f"{root.resolve()}#{hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}"

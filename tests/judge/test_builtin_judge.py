@@ -1,0 +1,110 @@
+"""``builtin:judge`` and ``builtin:retriever``: their demonstrations are the judge's exact prompts and the search
+rollouts the retrieval reward scores; (slow) the warm-started judge agrees with the rule on held-out questions."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from fake_judge import FakeJudge
+
+from grouprl.builtin import judge_demo, search_demo
+from grouprl.builtin.warmstart import WARMSTARTS
+from grouprl.data.retrieval import QUESTIONS
+from grouprl.rewards.retrieval import answer_present, retrieval_reward
+
+# Measured with the built model (2,000 SFT steps, seed 0): 0.830 of 88 held-out items, where the majority answer
+# gets 0.534 (recipes/retrieval.yaml). The floor keeps a margin of 0.08 below the measurement.
+HELDOUT_AGREEMENT_FLOOR = 0.75
+
+
+def test_demonstrations_are_the_prompts_the_judge_reward_sends():
+    """What the retrieval reward sends for (question, reference, answer) is, message for message, what the
+    judge was trained on."""
+    question, reference, answer = "On which river lies the capital of France?", "Seine", "Seine [p20] [p21]"
+    calls = [{"name": "search", "result": "[p20] France: ...\n[p21] Paris: ...", "error": None}]
+    prompt = f"Use the search tool ...\n\nQuestion: {question}"
+    with FakeJudge(lambda body: (200, '{"score": 10}', 0.0, None)) as srv:
+        retrieval_reward([prompt], [f"Answer: {answer}"], answer=[reference], gold_ids=[["p20", "p21"]],
+                         tool_calls=[calls], judge={"base_url": srv.base_url, "model": "m", "mode": "pointwise"})
+    (body, _), = srv.requests
+    assert body["messages"] == judge_demo.judge_conversation(question, reference, answer)[:-1]
+    assert judge_demo.judge_conversation(question, reference, answer)[-1]["content"] == '{"score": 10}'
+
+
+def test_labels_are_the_rule_and_about_half_are_positive():
+    items = judge_demo.synthetic_items(400, seed=3)
+    labels = [judge_demo.judge_conversation(*item)[-1]["content"] for item in items]
+    assert all(lab == ('{"score": 10}' if answer_present(a, r) else '{"score": 0}')
+               for lab, (_, r, a) in zip(labels, items))
+    assert 0.35 < sum(lab.endswith("10}") for lab in labels) / len(labels) < 0.6
+
+
+def test_held_out_answers_are_never_training_references():
+    refs, _ = judge_demo.reference_pool()
+    held = {a.lower() for _, a, _ in QUESTIONS}
+    assert not held & {r.lower() for r in refs}
+    assert {r for _, r, _ in judge_demo.heldout_items()} == {a for _, a, _ in QUESTIONS}
+
+
+def test_the_judge_tokenizer_spells_a_word_the_same_everywhere():
+    tok = judge_demo.demo_tokenizer(replace(WARMSTARTS["judge"], sft_rows=100))
+    word = tok.encode("Seine", add_special_tokens=False)
+    for context in ("Reference answer: Seine\n", "<answer>\nSeine [p20]", "The answer is Seine."):
+        ids = tok.encode(context, add_special_tokens=False)
+        assert any(ids[i:i + len(word)] == word for i in range(len(ids))), context
+
+
+def test_search_demonstrations_score_as_the_reward_says():
+    """Each demonstration, scored by the retrieval reward: 1.0 when right, 0.6 when its answer is another
+    question's (supported, cited, wrong); the noise share is the spec's."""
+    conversations, right = search_demo.demo_examples(replace(WARMSTARTS["retriever"], sft_rows=80))
+    gold = {q: (a, g) for q, a, g in QUESTIONS}
+    scores = []
+    for messages, tools in conversations:
+        assert tools == search_demo.SEARCH_TOOLS
+        answer, ids = gold[messages[0]["content"].rsplit("Question: ", 1)[1]]
+        calls = [{"name": "search", "result": messages[2]["content"], "error": None}]
+        text = messages[1]["content"] + messages[3]["content"]
+        scores.append(retrieval_reward([messages[0]["content"]], [text], answer=[answer], gold_ids=[list(ids)],
+                                       tool_calls=[calls])[0])
+    assert {round(s, 6) for s in scores} <= {1.0, 0.6}
+    assert sum(s == pytest.approx(1.0) for s in scores) / len(scores) == pytest.approx(right)
+    assert 0.6 < right < 0.9
+
+
+def test_search_demonstrations_use_training_questions_only():
+    from grouprl.data.tasks import _bucket_is_test
+
+    conversations, _ = search_demo.demo_examples(replace(WARMSTARTS["retriever"], sft_rows=200))
+    asked = {m[0]["content"] for m, _ in conversations}
+    assert not any(_bucket_is_test(f"retrieval|{p.rsplit('Question: ', 1)[1]}") for p in asked)
+
+
+@pytest.mark.slow
+def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
+    """The warm-started judge, served with structured output, on the 22 built-in questions (never a training
+    reference), 4 answers each: every reply parses, and it agrees with the answer-present rule well above
+    chance (always-10 or always-0 would agree about half the time here)."""
+    import torch
+
+    from grouprl.builtin.warmstart import builtin_model_path
+    from grouprl.rewards.judge import parse_pointwise, score_schema
+    from grouprl.serve.server import ChatServer
+    from grouprl.train.model import load_model, load_tokenizer
+
+    path = builtin_model_path("judge")
+    chat = ChatServer(load_model(path, torch.device("cpu")), load_tokenizer(path), max_new_tokens=16)
+    fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": score_schema(10.0)}}
+    items = judge_demo.heldout_items()
+    agree = positives = 0
+    for question, reference, answer in items:
+        text, _, _ = chat.complete(judge_demo.judge_conversation(question, reference, answer)[:-1], 16, 0.0, fmt)
+        score, why = parse_pointwise(text, 10.0)
+        assert score is not None, why
+        rule = answer_present(answer, reference) > 0.5
+        positives += rule
+        agree += (score > 0.5) == rule
+    base = max(positives, len(items) - positives) / len(items)
+    assert agree / len(items) >= max(HELDOUT_AGREEMENT_FLOOR, base + 0.2), (agree / len(items), base)
+
