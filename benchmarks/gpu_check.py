@@ -17,7 +17,7 @@ run's mean step time, peak GPU memory (the trainer's torch allocations, and the 
 the run), and the mismatch metrics (``mismatch/*``) of the vLLM runs. On a machine without a CUDA GPU it
 prints ``{"status": "skipped", ...}`` and exits 0. vLLM runs are skipped (with the reason) when vllm is not
 installed. The figures describe throughput and plumbing only: a random model writes random text.
-``tests/vllm/test_gpu_check.py`` runs each child's measuring code on CPU (tiny model, fake vllm module).
+``tests/vllm_engine/test_gpu_check.py`` runs each child's measuring code on CPU (tiny model, fake vllm module).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``rollout_backend: vllm`` on 2 gloo ranks, with the fake engine of the vLLM CPU tests (``tests/vllm/fake_vllm``:
+"""``rollout_backend: vllm`` on 2 gloo ranks, with the fake engine of the vLLM CPU tests (``tests/vllm_engine/fake_vllm``:
 a separate copy of the tiny model, so a missing weight push shows).
 
 * colocate: every rank runs its own engine (seed + rank), generates for its own share of the prompts only,
@@ -22,7 +22,7 @@ import pytest
 import torch
 from dist_harness import run_ranks, values
 
-VLLM_TESTS = str(Path(__file__).resolve().parents[1] / "vllm")
+VLLM_TESTS = str(Path(__file__).resolve().parents[1] / "vllm_engine")
 if VLLM_TESTS not in sys.path:
     sys.path.insert(0, VLLM_TESTS)
 
