@@ -102,6 +102,9 @@ class _Weights:
             return memo[id(t)][1]
 
         self.dtype = dtype
+        # keys stored transposed, [N, KV, D, P + T], for a copy: CPU bf16 matmuls copy a transposed operand
+        # on every call (q @ K^T), while q @ K_t reads it as is
+        self.keys_t = dtype is not None
         self.H, self.KV = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
         self.I = cfg.intermediate_size
@@ -141,10 +144,14 @@ def _layer(w: _Weights, x, params, k_buf, v_buf, start: int, cos, sin, bias):
     H, KV, D = w.H, w.KV, w.D
     qkv = F.linear(_rms(x, w_in, w.eps), w_qkv, b_qkv)
     qk = _rotate(qkv[..., :(H + KV) * D].view(R, S, H + KV, D).transpose(1, 2), cos, sin)  # q and k at once
-    k_buf[:, :, start:start + S] = qk[:, H:]
+    if w.keys_t:
+        k_buf[..., start:start + S] = qk[:, H:].transpose(-1, -2)
+    else:
+        k_buf[:, :, start:start + S] = qk[:, H:]
     v_buf[:, :, start:start + S] = qkv[..., (H + KV) * D:].view(R, S, KV, D).transpose(1, 2)
     q = qk[:, :H].reshape(R, KV, (H // KV) * S, D)  # query head h -> kv head h // (H / KV)
-    att = torch.matmul(q, k_buf[:, :, :start + S].transpose(-1, -2)) * scaling
+    keys = k_buf[..., :start + S] if w.keys_t else k_buf[:, :, :start + S].transpose(-1, -2)
+    att = torch.matmul(q, keys) * scaling
     att = torch.softmax(att.view(R, KV, H // KV, S, start + S) + bias, dim=-1)
     o = torch.matmul(att.view(R, KV, (H // KV) * S, start + S), v_buf[:, :, :start + S])
     o = o.view(R, H, S, D).transpose(1, 2).reshape(R, S, H * D)
@@ -227,7 +234,8 @@ def _prefill(w: _Weights, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     allowed = (torch.ones(L, L, dtype=torch.bool, device=dev).tril() & mask[:, None, :]) | eye
     bias = torch.zeros(P, 1, 1, L, L, device=dev, dtype=dtype)
     bias.masked_fill_(~allowed[:, None, None], float("-inf"))
-    k_bufs = [torch.empty(P, w.KV, L, w.D, device=dev, dtype=dtype) for _ in w.layers]
+    k_shape = (P, w.KV, w.D, L) if w.keys_t else (P, w.KV, L, w.D)
+    k_bufs = [torch.empty(k_shape, device=dev, dtype=dtype) for _ in w.layers]
     v_bufs = [torch.empty(P, w.KV, L, w.D, device=dev, dtype=dtype) for _ in w.layers]
     cos, sin = w.rope(positions, dtype)
     x = F.embedding(input_ids, w.embed)
@@ -235,9 +243,10 @@ def _prefill(w: _Weights, input_ids: torch.Tensor, attention_mask: torch.Tensor,
         x = _layer(w, x, params, kb, vb, 0, cos, sin, bias)
     ks, vs = [], []
     for kb, vb in zip(k_bufs, v_bufs):
-        k = torch.empty(P * n, w.KV, L + T, w.D, device=dev, dtype=dtype)
-        v = torch.empty_like(k)
-        k[:, :, :L], v[:, :, :L] = kb.repeat_interleave(n, dim=0), vb.repeat_interleave(n, dim=0)
+        v = torch.empty(P * n, w.KV, L + T, w.D, device=dev, dtype=dtype)
+        k = torch.empty(P * n, w.KV, w.D, L + T, device=dev, dtype=dtype) if w.keys_t else torch.empty_like(v)
+        v[:, :, :L] = vb.repeat_interleave(n, dim=0)
+        (k[..., :L] if w.keys_t else k[:, :, :L]).copy_(kb.repeat_interleave(n, dim=0))
         ks.append(k)
         vs.append(v)
     key_bias = torch.zeros(P * n, 1, 1, 1, L + T, device=dev, dtype=dtype)
