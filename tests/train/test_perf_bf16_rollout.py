@@ -66,8 +66,8 @@ def test_rollout_logp_are_the_samplers_own_logprobs(tiny_model_dir, temperature,
     # the first token's log-prob, from the prefill logits by hand (no EOS mask: the trainer's softmax)
     first = torch.log_softmax(first_logits / temperature, -1).gather(1, out[:, :1]).squeeze(1)
     assert torch.allclose(logp[:, 0], first, atol=1e-6, rtol=0)
-    # and a plain transformers forward of a bf16 copy of the model scores them within bf16 rounding,
-    # while the fp32 trainer differs from both by a few hundredths at most
+    # a plain transformers forward of a bf16 copy of the model scores them within bf16 rounding (other
+    # kernel shapes round differently: ~3e-3 here, so not to 1e-6), and the fp32 trainer differs by ~1e-3
     T = out.shape[1]
     cmask = (~done).long()
     mb = MicroBatch(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), out, cmask, cmask, torch.zeros(9))
@@ -75,8 +75,8 @@ def test_rollout_logp_are_the_samplers_own_logprobs(tiny_model_dir, temperature,
     (fp32,) = batched_logps(model, [mb], temperature, contextlib.nullcontext)
     real = cmask.bool()
     assert logp.shape == (9, T)
-    assert float((hf16 - logp)[real].abs().max()) < 0.05
-    assert 0 < float((fp32 - logp)[real].abs().mean()) < 0.05
+    assert float((hf16 - logp)[real].abs().max()) < 0.01
+    assert 0 < float((fp32 - logp)[real].abs().mean()) < 0.01
 
 
 def test_backend_copies_once_per_round_and_returns_rollout_logp(tiny_model_dir):
