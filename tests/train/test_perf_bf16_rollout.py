@@ -120,6 +120,8 @@ def test_correction_is_tis_by_default_and_the_identity_when_logps_agree():
     ({"rollout_dtype": "bf16"}, "rollout_dtype"),
     ({"rollout_dtype": "bfloat16", "lean_sampler": False}, "rollout_dtype"),
     ({"rollout_dtype": "bfloat16", "rollout_backend": "vllm"}, "rollout_dtype"),
+    ({"rollout_dtype": "bfloat16", "environment": "calculator"}, "rollout_dtype"),
+    ({"rollout_dtype": "bfloat16", "algorithm": "ppo"}, "rollout_dtype"),
 ])
 def test_validation_names_the_field(overrides, needle):
     with pytest.raises(ConfigError, match=needle):

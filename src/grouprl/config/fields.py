@@ -223,8 +223,8 @@ class GRPOConfig:
     rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
     what ``generate`` samples), off on CUDA/MPS; ``true`` / ``false`` force it."""
     rollout_dtype: str = "auto"
-    """Precision of the lean sampler (transformers backend, GRPO-family loop): ``bfloat16`` = sample from a
-    bf16 copy of the weights made once per generation round (KV cache in bf16, logits cast to fp32), as
+    """Precision of the lean sampler (transformers backend, single-turn GRPO-family loop): ``bfloat16`` = it
+    samples from a bf16 copy of the weights made once per generation round (bf16 KV cache, fp32 logits), as
     vLLM / verl sample in bf16 while training in fp32; rollouts are then off-policy by precision, so the
     sampler's log-probs become rollout_logp and rollout_correction (auto = tis) applies.
     ``auto`` = ``float32`` (the trainer's own weights); benchmarks/README.md has the measurements."""

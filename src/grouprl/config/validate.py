@@ -240,11 +240,13 @@ def check_ppo(cfg: Any) -> None:
 def check_rollout_engine(cfg: Any) -> None:
     """Mismatch-correction settings that only make sense with an engine that reports its own log-probs."""
     low = getattr(cfg, "rollout_dtype", "auto") == "bfloat16"
-    if low and (cfg.rollout_backend != "transformers" or cfg.lean_sampler is False or cfg.algorithm == "ppo"):
-        raise ConfigError(f"rollout_dtype='bfloat16' is a lean-sampler option of the GRPO-family loop "
-                          f"(rollout_backend={cfg.rollout_backend!r}, lean_sampler={cfg.lean_sampler!r}, "
-                          f"algorithm={cfg.algorithm!r}). Fix: rollout_dtype: auto, or rollout_backend: "
-                          f"transformers with lean_sampler unset.")
+    agent = bool(cfg.tools or cfg.environment)  # multi-turn rollouts sample through another path, in fp32
+    if low and (cfg.rollout_backend != "transformers" or cfg.lean_sampler is False
+                or cfg.algorithm in ("ppo", "dpo") or agent):
+        raise ConfigError(f"rollout_dtype='bfloat16' is a lean-sampler option of the single-turn GRPO-family "
+                          f"loop (rollout_backend={cfg.rollout_backend!r}, lean_sampler={cfg.lean_sampler!r}, "
+                          f"algorithm={cfg.algorithm!r}, tools/environment set: {agent}). Fix: rollout_dtype: "
+                          f"auto, or rollout_backend: transformers with lean_sampler unset and no tools.")
     # the transformers backend in fp32 samples with the trainer's own weights: nothing to correct
     own = cfg.rollout_backend == "transformers" and not low
     if own and cfg.rollout_correction in ("tis", "mask"):
