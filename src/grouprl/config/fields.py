@@ -222,6 +222,12 @@ class GRPOConfig:
     """Use grouprl's lean KV-cache sampler (Llama / Qwen2 architectures) instead of ``model.generate`` for
     rollouts with the transformers backend. ``None`` = on for CPU (its fast path, tested to sample exactly
     what ``generate`` samples), off on CUDA/MPS; ``true`` / ``false`` force it."""
+    rollout_dtype: str = "auto"
+    """Precision of the lean sampler (transformers backend, single-turn GRPO-family loop): ``bfloat16`` = it
+    samples from a bf16 copy of the weights made once per generation round (bf16 KV cache, fp32 logits), as
+    vLLM / verl sample in bf16 while training in fp32; rollouts are then off-policy by precision, so the
+    sampler's log-probs become rollout_logp and rollout_correction (auto = tis) applies.
+    ``auto`` = ``float32`` (the trainer's own weights); benchmarks/README.md has the measurements."""
 
     # ---- agents: tools and environments -------------------------------------------------------
     tools: list = field(default_factory=list)
@@ -315,8 +321,8 @@ class GRPOConfig:
     the same weights): ``tis`` = token-level truncated importance sampling, weight min(exp(old_logp -
     rollout_logp), rollout_is_cap) on each token's loss (Yao et al. 2025); ``mask`` = drop sequences whose
     geometric-mean ratio leaves rollout_mask_band; ``none``; ``auto`` = ``tis`` whenever the backend
-    reports its own log-probs (vLLM), nothing for the transformers backend (it samples with the trainer's
-    weights). Logged as mismatch/logp_abs_diff, mismatch/is_weight_mean, mismatch/is_weight_max,
+    reports its own log-probs (vLLM, or rollout_dtype=bfloat16), nothing for the transformers backend in
+    fp32 (it samples with the trainer's weights). Logged as mismatch/logp_abs_diff, mismatch/is_weight_mean, mismatch/is_weight_max,
     mismatch/masked_frac."""
     rollout_is_cap: float = 2.0
     """Upper bound of the truncated importance weight (rollout_correction=tis); > 0."""

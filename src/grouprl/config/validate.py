@@ -27,6 +27,7 @@ CHOICES = {
     "vllm_mode": ("colocate", "server"),
     "rollout_correction": ("auto", "tis", "mask", "none"),
     "ref_dtype": ("auto", "float32", "bfloat16"),
+    "rollout_dtype": ("auto", "float32", "bfloat16"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 _KINDS = {  # annotation -> (accepts, what to write)
@@ -238,7 +239,16 @@ def check_ppo(cfg: Any) -> None:
 
 def check_rollout_engine(cfg: Any) -> None:
     """Mismatch-correction settings that only make sense with an engine that reports its own log-probs."""
-    own = cfg.rollout_backend == "transformers"  # samples with the trainer's own weights: nothing to correct
+    low = getattr(cfg, "rollout_dtype", "auto") == "bfloat16"
+    agent = bool(cfg.tools or cfg.environment)  # multi-turn rollouts sample through another path, in fp32
+    if low and (cfg.rollout_backend != "transformers" or cfg.lean_sampler is False
+                or cfg.algorithm in ("ppo", "dpo") or agent):
+        raise ConfigError(f"rollout_dtype='bfloat16' is a lean-sampler option of the single-turn GRPO-family "
+                          f"loop (rollout_backend={cfg.rollout_backend!r}, lean_sampler={cfg.lean_sampler!r}, "
+                          f"algorithm={cfg.algorithm!r}, tools/environment set: {agent}). Fix: rollout_dtype: "
+                          f"auto, or rollout_backend: transformers with lean_sampler unset and no tools.")
+    # the transformers backend in fp32 samples with the trainer's own weights: nothing to correct
+    own = cfg.rollout_backend == "transformers" and not low
     if own and cfg.rollout_correction in ("tis", "mask"):
         raise ConfigError(f"rollout_correction={cfg.rollout_correction!r} with rollout_backend='transformers': "
                           f"that backend samples with the trainer's own weights, so there is no mismatch to "

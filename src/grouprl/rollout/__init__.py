@@ -20,10 +20,11 @@ BACKENDS = {"transformers": "grouprl.rollout.hf:TransformersBackend",
 
 
 def make_backend(name: str, model: Any, tokenizer: Any, *, lean_sampler: bool | None = None,
-                 vllm_options: dict | None = None, **kwargs: Any) -> Backend:
+                 vllm_options: dict | None = None, rollout_dtype: str = "auto", **kwargs: Any) -> Backend:
     """Instantiate the backend ``name`` (a built-in name or ``package.module:Class``), importing it here.
 
-    ``lean_sampler`` reaches the built-in transformers backend only (``None``: lean sampler on CPU only);
+    ``lean_sampler`` and ``rollout_dtype`` reach the built-in transformers backend only (``None``: lean
+    sampler on CPU only);
     ``vllm_options`` (``grouprl.rollout.vllm_backend.options_from``) the vllm backend only.
     """
     import importlib
@@ -33,6 +34,7 @@ def make_backend(name: str, model: Any, tokenizer: Any, *, lean_sampler: bool | 
     spec = BACKENDS.get(name, name)
     if spec == BACKENDS["transformers"]:
         kwargs.setdefault("lean", lean_sampler)
+        kwargs.setdefault("rollout_dtype", rollout_dtype)
     if spec == BACKENDS["vllm"]:
         kwargs.update(vllm_options or {})
     module_name, sep, cls_name = spec.partition(":")

@@ -82,11 +82,17 @@ class TransformersBackend:
 
     ``lean``: use ``rollout.lean.lean_sample`` where it reproduces ``generate`` (see lean.py); ``None`` =
     on the CPU only (``use_lean_sampler``), ``True`` / ``False`` force it on / off.
+    ``rollout_dtype``: ``bfloat16`` = the lean sampler runs on a bf16 copy of the weights, made at most once
+    per ``sync_weights`` (once per generation round), and each ``Rollout`` carries the sampler's own
+    ``rollout_logp`` for the mismatch correction; ``auto`` / ``float32`` = the trainer's weights.
     """
 
-    def __init__(self, model: Any, tokenizer: Any, lean: bool | None = None) -> None:
+    def __init__(self, model: Any, tokenizer: Any, lean: bool | None = None, rollout_dtype: str = "auto") -> None:
         self.model = model
         self.lean = lean
+        self.rollout_dtype = rollout_dtype
+        self._copy = None  # the bf16 weight copy of the current round (rollout.lean.copy_weights)
+        self.copies_made = 0
         self.tokenizer = tokenizer
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -94,6 +100,20 @@ class TransformersBackend:
 
     def sync_weights(self, model: Any) -> None:
         self.model = model
+        self._copy = None  # the next generate copies the new weights
+
+    def _sampler_weights(self):
+        """The bf16 copy for this round (made on first use after ``sync_weights``), or None (own weights)."""
+        import torch
+
+        from grouprl.rollout.lean import copy_weights
+
+        if self.rollout_dtype != "bfloat16":
+            return None
+        if self._copy is None:
+            self._copy = copy_weights(self.model, torch.bfloat16)
+            self.copies_made += 1
+        return self._copy
 
     def tokenize_prompts(self, prompts: list[str], max_prompt_length: int | None):
         return tokenize_left(self.tokenizer, prompts, max_prompt_length)
@@ -106,14 +126,22 @@ class TransformersBackend:
         device = next(self.model.parameters()).device
         ids, mask = self.tokenize_prompts(prompts, params.max_prompt_length)
         ids, mask = ids.to(device), mask.to(device)
-        if use_lean_sampler(self.lean, device.type) and unsupported_reason(self.model) is None:
+        low = self.rollout_dtype == "bfloat16"
+        lean = use_lean_sampler(True if low and self.lean is None else self.lean, device.type)
+        reason = unsupported_reason(self.model, torch.bfloat16 if low else None)
+        if low and (not lean or reason is not None):
+            raise RuntimeError(f"rollout_dtype='bfloat16' needs the lean sampler, which cannot run here "
+                               f"({reason or 'lean_sampler=false'}). Fix: rollout_dtype: auto.")
+        if lean and reason is None:
             # same tokens / distribution as generate, ~3x less CPU for small models (benchmarks/README.md)
-            completion_ids = lean_sample(self.model, ids, mask, n, max_new_tokens=params.max_new_tokens,
-                                         min_new_tokens=params.min_new_tokens, temperature=params.temperature,
-                                         top_k=params.top_k, top_p=params.top_p, eos_token_ids=self.eos_ids,
-                                         pad_token_id=self.tokenizer.pad_token_id)
+            out = lean_sample(self.model, ids, mask, n, max_new_tokens=params.max_new_tokens,
+                              min_new_tokens=params.min_new_tokens, temperature=params.temperature,
+                              top_k=params.top_k, top_p=params.top_p, eos_token_ids=self.eos_ids,
+                              pad_token_id=self.tokenizer.pad_token_id, weights=self._sampler_weights(),
+                              return_logp=low)
+            completion_ids, logp = out if low else (out, None)
             rows_ids, rows_mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
-            return self._rollout(prompts, n, rows_ids, rows_mask, completion_ids)
+            return self._rollout(prompts, n, rows_ids, rows_mask, completion_ids, logp)
         ids, mask = ids.repeat_interleave(n, dim=0), mask.repeat_interleave(n, dim=0)
         gen_cfg = generation_config(params, self.tokenizer.pad_token_id, self.eos_ids)
         was_training = self.model.training
@@ -126,13 +154,17 @@ class TransformersBackend:
         completion_ids = out[:, ids.shape[1]:]  # generate emits >= 1 token (max_new_tokens >= 1)
         return self._rollout(prompts, n, ids, mask, completion_ids)
 
-    def _rollout(self, prompts: list[str], n: int, ids: Any, mask: Any, completion_ids: Any) -> Rollout:
-        """Masks, padding after EOS and decoded text for ``completion_ids [N,T]`` of prompt rows ``ids``."""
+    def _rollout(self, prompts: list[str], n: int, ids: Any, mask: Any, completion_ids: Any,
+                 rollout_logp: Any = None) -> Rollout:
+        """Masks, padding after EOS and decoded text for ``completion_ids [N,T]`` of prompt rows ``ids``
+        (``rollout_logp [N,T]``: the sampler's own log-probs, 0 where the mask is 0)."""
         completion_mask, truncated = completion_mask_from_ids(completion_ids, self.eos_ids)
         completion_ids = completion_ids.masked_fill(completion_mask == 0, self.tokenizer.pad_token_id)
         lengths = completion_mask.sum(dim=1).tolist()
         texts = self.tokenizer.batch_decode(
             [row[:length].tolist() for row, length in zip(completion_ids, lengths)], skip_special_tokens=True
         )
+        if rollout_logp is not None:
+            rollout_logp = rollout_logp.masked_fill(completion_mask == 0, 0.0)
         return Rollout(ids, mask, completion_ids, completion_mask, truncated, texts,
-                       [p for p in prompts for _ in range(n)])
+                       [p for p in prompts for _ in range(n)], rollout_logp=rollout_logp)
