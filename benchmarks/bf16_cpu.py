@@ -30,6 +30,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import emit_json  # noqa: E402
+
 SCRIPT = Path(__file__).resolve()
 SIZES = {"small": (256, 4, 128, None), "medium": (512, 2, 256, 32768)}
 
@@ -129,11 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         result["sizes"][size] = json.loads(proc.stdout.strip().splitlines()[-1])
         print(f"{size}: {result['sizes'][size]}", file=sys.stderr)
     result["loadavg_end"] = os.getloadavg()
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

@@ -35,6 +35,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import emit_json  # noqa: E402
+
 SCRIPT = Path(__file__).resolve()
 MODES = {"logits_to_keep": 0, "chunk256": 256, "chunk1024": 1024, "chunk4096": 4096}
 
@@ -183,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"workload": {"N": 16, "prompt_tokens": 26, "T": args.T, "vocab": args.vocab, "hidden": 512,
                            "layers": 2, "threads": args.threads, "repeats": args.repeats,
                            "loadavg_start": load_start}, "modes": results, "loadavg_end": os.getloadavg()}
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_json(result, args.out)
     return 0
 
 

@@ -37,19 +37,23 @@ def global_rollout(vocab: int, T: int = 7) -> Rollout:
 
 
 def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd", *, world: int,
-                    rank: int) -> dict[str, torch.Tensor]:
+                    rank: int, prepare: Any = None) -> dict[str, torch.Tensor]:
     """Two optimizer steps where this process holds the ``rank``-th of ``world`` equal contiguous shares
     of each global step's 8 rows, split into ``ga`` micro-batches.
 
     ``optim='sgd'``: SGD with momentum, no clipping: the update is linear in the gradient (a gradient N
     times too large or small shows), so parameters differ by lr x the gradient's fp32 summation-order
     noise. ``'sgd_clip'``: the same with max_grad_norm 0.5 (clipping by the global norm). ``'adamw'`` (the trainer's optimizer) divides by sqrt(v): where a gradient
-    is ~0 the same noise moves a parameter by up to lr, so it is compared with a looser bound."""
+    is ~0 the same noise moves a parameter by up to lr, so it is compared with a looser bound.
+    ``prepare(model)`` (e.g. FSDP sharding) runs before the optimizer is built; the trained model is returned
+    under the key ``None`` when it is given."""
     from transformers import AutoModelForCausalLM
 
     load_builtins()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if prepare is not None:
+        prepare(model)
     share = ROWS_PER_STEP // world
     cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=share // ga, gradient_accumulation_steps=ga,
                      max_new_tokens=7, mask_truncated_completions=True, learning_rate=1e-3, max_grad_norm=0.0 if optim == "sgd" else 0.5,
@@ -66,6 +70,8 @@ def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd
         rows = list(range(step * ROWS_PER_STEP + rank * share, step * ROWS_PER_STEP + (rank + 1) * share))
         mbs = micro_batches(ctx, RoundBatch(rollout.select(rows), ADV[rows]), Timers())
         optimizer_step(ctx, mbs, spec, optimizer, scheduler, Timers())
+    if prepare is not None:
+        return {None: model}
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 

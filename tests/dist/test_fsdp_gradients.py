@@ -8,13 +8,12 @@ One 2-process launch runs every case.
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import pytest
 import torch
 from dist_harness import run_ranks, values
-from dist_workers import ADV, ROWS_PER_STEP, STEPS, global_rollout, train_two_steps
+from dist_workers import train_two_steps
 
 FSDP_ENV = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
 CASES = [("token_mean", 1, "sgd"), ("token_mean", 2, "sgd"), ("seq_mean_token_mean", 1, "sgd"),
@@ -34,41 +33,18 @@ def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str,
                    checkpointing: bool = False) -> dict[str, torch.Tensor]:
     """``train_two_steps`` on this rank's share, with the policy sharded by FSDP2 before the optimizer is built
     (after activation checkpointing is switched on, as the loop does, when ``checkpointing``)."""
-    from transformers import AutoModelForCausalLM
-
-    from grouprl.builtins import load_builtins
-    from grouprl.config import GRPOConfig
-    from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from grouprl.train import dist
-    from grouprl.train.metrics import Timers
-    from grouprl.train.model import build_optimizer, enable_checkpointing
-    from grouprl.train.round import RoundBatch, RunContext, micro_batches
-    from grouprl.train.step import LossSpec, optimizer_step
+    from grouprl.train.model import enable_checkpointing
 
-    load_builtins()
     d = dist.current()
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    if checkpointing:
-        enable_checkpointing(model)
-    assert d.shard(model) and d.sharded
-    share = ROWS_PER_STEP // d.world
-    cfg = GRPOConfig(num_generations=2, per_device_train_batch_size=share // ga, gradient_accumulation_steps=ga,
-                     max_new_tokens=7, mask_truncated_completions=True, learning_rate=1e-3,
-                     max_grad_norm=0.0 if optim == "sgd" else 0.5, warmup_ratio=0.0, max_steps=STEPS)
-    spec = LossSpec(POLICY_LOSSES.get("grpo"), {"eps_low": 0.2, "eps_high": 0.28}, AGGREGATIONS.get(aggregation),
-                    KL_ESTIMATORS.get("k3"), 0.0, 0.9)
-    optimizer, scheduler = build_optimizer(model, cfg, STEPS)
-    if optim.startswith("sgd"):
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
-    rollout = global_rollout(model.config.vocab_size)
-    for step in range(STEPS):
-        rows = list(range(step * ROWS_PER_STEP + d.rank * share, step * ROWS_PER_STEP + (d.rank + 1) * share))
-        mbs = micro_batches(ctx, RoundBatch(rollout.select(rows), ADV[rows]), Timers())
-        optimizer_step(ctx, mbs, spec, optimizer, scheduler, Timers())
-    return full_params(model)
+
+    def shard(model):
+        if checkpointing:
+            enable_checkpointing(model)
+        assert d.shard(model) and d.sharded
+
+    trained = train_two_steps(model_dir, aggregation, ga, optim, world=d.world, rank=d.rank, prepare=shard)
+    return full_params(trained[None])
 
 
 def lean_with_full_weights(model_dir: str) -> dict:

@@ -8,23 +8,13 @@ import copy
 
 import pytest
 import torch
+from test_perf_lean_sampler import PROMPTS, _load  # the same tiny model and left-padded prompts
 
 from grouprl.config import GRPOConfig
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import SamplingParams
 from grouprl.rollout.lean import _decode, _prefill, copy_weights, lean_sample
 from grouprl.train.step import MicroBatch, batched_logps, mismatch_correction
-
-PROMPTS = ["What is 10 + 2000?", "Hi", "The quick brown fox jumps over"]  # different lengths: left padding
-
-
-def _load(path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
-    tok = AutoTokenizer.from_pretrained(path)
-    enc = tok(PROMPTS, return_tensors="pt", padding=True, add_special_tokens=False)
-    return model, tok, enc["input_ids"], enc["attention_mask"]
 
 
 def test_bf16_copy_is_a_copy_in_bf16_and_the_model_is_untouched(tiny_model_dir):
