@@ -61,23 +61,23 @@ def run(args: argparse.Namespace) -> int:
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
     dist.check_config(cfg, ranks.world)  # what N processes cannot run, before any model loads
-    if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run), N ranks too
-        from grouprl.train.dpo_run import run_dpo
-
-        run_dpo(cfg, resume=args.resume)
-        return 0
-    from grouprl.train import GRPOTrainer
     from grouprl.train.signals import RunInterrupted
 
-    with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
-        resume, _ = ranks.on_main(preflight, cfg, args.resume)
-        trainer = GRPOTrainer(config=cfg)
-        try:
-            trainer.train(resume_from_checkpoint=resume)
-        except RunInterrupted as e:
-            again = " ".join(["grouprl train", *(["-c", args.config] if args.config else []), *args.overrides])
-            print(f"grouprl: stopped after step {e.step}; checkpoint saved in {e.checkpoint}. Continue with: "
-                  f"{again} --resume", file=sys.stderr)
-            return e.exit_code
+    try:
+        if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run), N ranks too
+            from grouprl.train.dpo_run import run_dpo
+
+            run_dpo(cfg, resume=args.resume)
+            return 0
+        from grouprl.train import GRPOTrainer
+
+        with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
+            resume, _ = ranks.on_main(preflight, cfg, args.resume)
+            GRPOTrainer(config=cfg).train(resume_from_checkpoint=resume)
+    except RunInterrupted as e:  # Ctrl-C / SIGTERM: a checkpoint was saved (GRPO and DPO alike)
+        again = " ".join(["grouprl train", *(["-c", args.config] if args.config else []), *args.overrides])
+        print(f"grouprl: stopped after step {e.step}; checkpoint saved in {e.checkpoint}. Continue with: "
+              f"{again} --resume", file=sys.stderr)
+        return e.exit_code
     return 0
 

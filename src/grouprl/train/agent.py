@@ -52,6 +52,17 @@ class Agent:
         if not report.ok:
             raise ConfigError(f"the chat template cannot drive multi-turn tool rollouts: {report.reason}")
 
+    def first_prompt_lengths(self, tokenizer: Any, prompts: Any, system_prompt: str | None) -> list[int]:
+        """Token counts of each row's first prompt as the rollout renders it: the chat messages (system prompt
+        first, ``rollout_rows``) with this run's tool schemas and chat template, and the generation prompt
+        (``grouprl.rollout.chat.prompt_ids``). An environment's ``reset`` observation, appended at run time, is
+        not counted: it is not known before the environment runs."""
+        from grouprl.rollout.chat import load_chat_template, prompt_ids
+
+        tools, template = self.tool_schemas() or None, load_chat_template(self.chat_template)
+        rows = rollout_rows([{"prompt": p} for p in prompts], "prompt", system_prompt)
+        return [len(prompt_ids(tokenizer, r["prompt"], tools, chat_template=template)) for r in rows]
+
 
 def _import_name(obj: Any) -> str:
     module, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)

@@ -42,7 +42,7 @@ from grouprl.data.prefs import check_pref_rows
 from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import dist
+from grouprl.train import dist, reporting
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger
 from grouprl.train.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
@@ -275,8 +275,10 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
         state = {"data": stream.state(), "ref_logp": ref_logp, "history": history, "evals": evals,
                  "skipped_steps": guard.total, "log_bytes": ckpt.log_sizes(cfg.output_dir),
                  "config": config_record(cfg)}
-        return ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
+        path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
                                     total_limit=cfg.save_total_limit)
+        reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
+        return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     try:
@@ -348,6 +350,7 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_
     evals[tag] = dict(result) | {"step": step}
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
     logger.log_samples(step, [{"eval": tag, **s} for s in samples])
+    reporting.refresh(cfg.output_dir, cfg.review_window)  # as GRPO's loop: the report after each evaluation
 
 
 __all__ = ["LOSSES", "Pair", "collate", "micro_batch_loss", "plan_dpo_steps", "reference_logps",

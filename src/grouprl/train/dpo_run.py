@@ -97,7 +97,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import transformers
 
     from grouprl.data.prefs import is_builtin_prefs
-    from grouprl.train import dist, startup
+    from grouprl.train import dist, reporting, startup
     from grouprl.train.checkpoint import save_final_atomic
     from grouprl.train.model import (
         apply_peft,
@@ -136,6 +136,8 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
                   f"({meta['num_prompts']} prompts)", flush=True)
         transformers.set_seed(cfg.seed)  # a cached and a fresh build leave the same RNG for training
     resume = ranks.on_main(start_run, cfg, resume)  # clears a finished run's files (fresh run); writes config.yaml
+    if ranks.is_main:  # which rewards, in which version (run_meta.json), as GRPO runs
+        reporting.write_meta(cfg, list(cfg.reward_funcs))
     if meta is not None and ranks.is_main:
         (Path(cfg.output_dir) / "prefs_meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     if ranks.enabled and ranks.is_main:
@@ -147,7 +149,8 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     result = train_dpo(cfg, model, tokenizer, rows, evals, eval_fn, resume=resume)
     final = ranks.on_main(save_final_atomic, model, tokenizer, cfg.output_dir, result["global_step"])
     result["final_model"], result["prefs"] = str(final), meta
-    if ranks.is_main:
+    if ranks.is_main:  # rank 0 writes the run's files: the final report, as GRPO runs
+        result["report"] = str(reporting.refresh(cfg.output_dir, cfg.review_window) or "")
         _print_summary(result, cfg)
     return result
 
@@ -165,6 +168,8 @@ def _print_summary(result: dict[str, Any], cfg: Any) -> None:
         lines.append(f"last step: loss {last['loss']:.4f}, rewards/accuracies {last['rewards/accuracies']:.3f}, "
                      f"rewards/margins {last['rewards/margins']:.3f}")
     lines += [f"final model:  {result['final_model']}", f"metrics:      {result['metrics_path']}"]
+    if result.get("report"):
+        lines.append(f"report:       {result['report']}  (open it in a browser)")
     print("\n".join(lines), flush=True)
 
 

@@ -209,22 +209,31 @@ def model_context(source: Any) -> int | None:
         return None
 
 
-def check_prompt_lengths(cfg: Any, tokenizer: Any, context: int | None, datasets: dict[str, Any]) -> int:
+def check_prompt_lengths(cfg: Any, tokenizer: Any, context: int | None, datasets: dict[str, Any],
+                         agent: Any = None) -> int:
     """Check every prompt (as rendered) against max_prompt_length and the model's context; returns how many
     prompts will be cut from the left. ``truncation: error`` makes a too-long prompt an error; ``left`` warns
-    once with the count. A prompt + completion that cannot fit the context is always an error."""
-    from grouprl.data.load import render_prompt
+    once with the count. A prompt + completion that cannot fit the context is always an error.
 
+    ``agent`` (``grouprl.train.agent.Agent``; tools or an environment): each first prompt is measured as the
+    agent renders it (chat template with the tool schemas) and one above max_prompt_length is always an
+    error, whatever ``truncation`` says: cutting it from the left would cut the system prompt and tool block."""
     cut, longest = 0, (0, "", -1)
     completion = max(cfg.max_new_tokens, cfg.eval_max_new_tokens or 0)
     for split, ds in datasets.items():
         if ds is None:
             continue
-        texts = [render_prompt(p, tokenizer, cfg.system_prompt, cfg.apply_chat_template) for p in ds[cfg.prompt_column]]
-        lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        lengths = _prompt_lengths(cfg, tokenizer, ds[cfg.prompt_column], agent)
         for i, n in enumerate(lengths):
             if n > longest[0]:
                 longest = (n, split, i)
+            if agent is not None and cfg.max_prompt_length is not None and n > cfg.max_prompt_length:
+                raise DataError(f"{split} row {i}: the agent's first prompt (chat template with the tool schemas) "
+                                f"is {n} tokens, above max_prompt_length={cfg.max_prompt_length}. A tool-using "
+                                f"conversation is never cut from the left (that would cut the system prompt and "
+                                f"the tool descriptions), whatever truncation says. Fix: raise max_prompt_length "
+                                f"to at least {n}, or shorten the prompt, the system prompt or the tool "
+                                f"descriptions (docstrings).")
             if cfg.max_prompt_length is not None and n > cfg.max_prompt_length:
                 if cfg.truncation == "error":
                     raise DataError(f"{split} row {i}: the prompt is {n} tokens, above max_prompt_length="
@@ -250,6 +259,16 @@ def check_prompt_lengths(cfg: Any, tokenizer: Any, context: int | None, datasets
         log.warning("grouprl: %s", msg)
         warnings.warn(msg, UserWarning, stacklevel=2)
     return cut
+
+
+def _prompt_lengths(cfg: Any, tokenizer: Any, prompts: Any, agent: Any) -> list[int]:
+    """Token counts of ``prompts`` as the run renders them (the agent's first prompt with its tools, if any)."""
+    from grouprl.data.load import render_prompt
+
+    if agent is not None:
+        return agent.first_prompt_lengths(tokenizer, list(prompts), cfg.system_prompt)
+    texts = [render_prompt(p, tokenizer, cfg.system_prompt, cfg.apply_chat_template) for p in prompts]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 # ---- resume -------------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class GRPOTrainer:
         # the model's context from its config (not its weights); a name's tokenizer was loaded from its folder
         folder = self.tokenizer.name_or_path if isinstance(source, str) and processing_class is None else source
         startup.check_prompt_lengths(cfg, self.tokenizer, startup.model_context(folder),
-                                     {"train": self.train_dataset, "eval": self.eval_dataset})
+                                     {"train": self.train_dataset, "eval": self.eval_dataset}, agent=self.agent)
         import transformers
 
         transformers.set_seed(cfg.seed)
