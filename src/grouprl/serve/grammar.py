@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from abc import ABC, abstractmethod
 from typing import Any
 
 MAX_DIGITS, MAX_FRACTION, MAX_STRING, MAX_ITEMS, MAX_KEYS, MAX_DEPTH = 6, 2, 64, 16, 8, 3
@@ -38,14 +39,14 @@ _NUMBER = re.compile(r"-?\d*(?:\.\d*)?")
 _CHARS = [chr(c) for c in range(32, 127)]
 
 
-class Node:
+class Node(ABC):
     min_len = 1
     """Length of the shortest text the node matches."""
 
+    @abstractmethod
     def scan(self, text: str, pos: int) -> tuple[set[int], int | None]:
         """``(ends, rest)``: where complete matches from ``pos`` end, and -- when ``text`` ends inside a viable
         partial match -- the fewest characters that complete it (else None)."""
-        raise NotImplementedError
 
 
 def _least(a: int | None, b: int | None) -> int | None:

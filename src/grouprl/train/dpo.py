@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -281,7 +282,8 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
         return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
-    try:
+    # leaving: every rank stops with an error at its next collective (train/dist.py), handlers back, logs closed
+    with stop, closing(logger), ranks.failures():
         if resume_path is None and cfg.eval_before_train:
             run_eval("before")
         while step < total_steps:
@@ -304,12 +306,6 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
         stop.restore()
         run_eval("after")
         ranks.check()
-    except BaseException as e:
-        ranks.fail(e)  # every rank stops with this error at its next collective (train/dist.py)
-        raise
-    finally:
-        stop.restore()
-        logger.close()
     return {"global_step": step, "total_steps": total_steps, "num_pairs": len(pairs), "history": history,
             "evals": evals, "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}

@@ -23,6 +23,7 @@ after every optimizer step.
 from __future__ import annotations
 
 import math
+from contextlib import closing
 from functools import partial
 from typing import Any
 
@@ -113,7 +114,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
-    try:
+    # leaving: every rank stops with an error at its next collective (train/dist.py), handlers back, logs closed
+    with stop, closing(logger), ranks.failures():
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
         timers = Timers()
@@ -138,15 +140,9 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             if ranks.any_true(stop.requested):
                 raise stop.interrupted(step, saved_now or save(step))
             timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
-        stop.restore()  # the caller's handlers again (also in `finally`, if the loop raised)
+        stop.restore()  # the caller's handlers again (also on leaving the `with`, if the loop raised)
         run_eval("after", step)
         ranks.check()  # the other ranks wait for rank 0's evaluation (bounded by the collective timeout)
-    except BaseException as e:
-        ranks.fail(e)  # every rank stops with this error at its next collective (train/dist.py)
-        raise
-    finally:
-        stop.restore()
-        logger.close()
     return {"global_step": step, "total_steps": total_steps, "history": history, "evals": evals,
             "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
             "tensorboard_dir": str(logger.tb_dir) if logger.tb_dir else None,

@@ -24,6 +24,7 @@ the policy; no adaptive KL controller (kl_coef is fixed); no reward whitening.
 
 from __future__ import annotations
 
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -308,7 +309,7 @@ def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: 
         return path
 
     stop = GracefulStop().install()
-    try:
+    with stop, closing(logger):  # leaving: the caller's signal handlers back, logs closed
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
         timers = Timers()
@@ -335,9 +336,6 @@ def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: 
             timers.restart()
         stop.restore()
         run_eval("after", step)
-    finally:
-        stop.restore()
-        logger.close()
     critic_dir = Path(cfg.output_dir) / "critic"
     critic.model.save_pretrained(critic_dir)
     return {"global_step": step, "total_steps": total_steps, "history": history, "evals": evals,
