@@ -76,6 +76,9 @@ class Workload:
     # ``time.perf_counter`` in the child reads ``time.process_time``), which other jobs on a shared machine
     # disturb much less. With one torch thread both measure the same work.
     clock: str = "wall"
+    # "fp32" or "bf16": grouprl ``bf16: true`` / TRL ``bf16=True`` (on a CPU both then run torch.autocast("cpu",
+    # bfloat16); grouprl's rollout_dtype / ref_dtype ``auto`` follow it). ``vs_trl.py --precision``.
+    precision: str = "fp32"
     # extra config fields passed verbatim to one side, e.g. {"logits_chunk_size": 4096} for grouprl
     grouprl_opts: dict[str, Any] = field(default_factory=dict)
     trl_opts: dict[str, Any] = field(default_factory=dict)
@@ -107,6 +110,24 @@ GRPO = Workload(name="grpo", level="token", beta=0.04, eps_low=0.2, eps_high=0.2
                 grad_accum=2, steps_per_generation=2, steps=9, warmup_steps=1)
 GSPO = Workload(name="gspo", level="sequence", beta=0.0, eps_low=3e-4, eps_high=4e-4,
                 grad_accum=2, steps_per_generation=4, steps=10, warmup_steps=2)
+
+
+def dtype_probe(*models: Any) -> dict[str, int]:
+    """Count the calls of each model's first attention ``q_proj`` by (grad or no grad, output dtype): what
+    precision the passes that go through the module really ran in (a bf16 output = autocast or bf16
+    weights). Samplers that read the weights directly (grouprl's lean sampler) do not show up."""
+    import torch
+
+    counts: dict[str, int] = defaultdict(int)
+
+    def hook(module, args, output):
+        counts[f"{'grad' if torch.is_grad_enabled() else 'no_grad'}:{str(output.dtype).replace('torch.', '')}"] += 1
+
+    for model in models:
+        q = next((m for name, m in model.named_modules() if name.endswith("q_proj")), None)
+        if q is not None:
+            q.register_forward_hook(hook)
+    return counts
 
 
 def emit_json(result: dict[str, Any], out: Path | None) -> None:
@@ -377,6 +398,9 @@ def median_result(runs: list[dict[str, Any]]) -> dict[str, Any]:
         reward_mean=statistics.fmean(r["reward_mean"] for r in ok),
         loss_last=[r["losses"][-1] if r["losses"] else None for r in ok],
     )
+    for key in ("dtypes", "mismatch"):  # what precision ran (dtype_probe); grouprl's mismatch/* metrics
+        if any(key in r for r in ok):
+            med[f"{key}_all"] = [r.get(key) for r in ok]
     return med
 
 
@@ -386,7 +410,7 @@ def workload_dict(w: Workload) -> dict[str, Any]:
 
 __all__ = [
     "DETAIL", "GRPO", "GSPO", "MODEL_PHASES", "PHASES", "ROOT", "SIZES", "Size", "StepClock", "Workload",
-    "child_env", "make_checkpoint", "make_dataset_rows", "make_model", "median_result", "number_reward",
+    "child_env", "dtype_probe", "make_checkpoint", "make_dataset_rows", "make_model", "median_result", "number_reward",
     "run_child", "markdown_scaling", "use_clock", "markdown_vs_trl", "size_workload", "summarize_steps", "workload_dict",
 ]
 

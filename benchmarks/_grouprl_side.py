@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import StepClock, Workload, make_dataset_rows, number_reward
+from _common import StepClock, Workload, dtype_probe, make_dataset_rows, number_reward
 
 # trainer metric -> benchmark phase
 TIMERS = {"generate": "time/generate", "reward": "time/reward", "ref_logp": "time/ref_forward",
@@ -33,7 +33,7 @@ def grouprl_config(w: Workload, output_dir: str):
     fields = dict(
         output_dir=output_dir,
         device="cpu",
-        bf16=False,
+        bf16=w.precision == "bf16",  # on a bf16 CPU: autocast; rollout_dtype / ref_dtype auto follow
         gradient_checkpointing=False,
         report_to="none",
         logging_steps=1,
@@ -137,6 +137,17 @@ def _cpu_per_step(cpu: list[float]) -> None:
     metrics.Timers.pop = timed_pop
 
 
+def _mismatch(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean over the optimizer steps of each ``mismatch/*`` metric (sampler vs trainer log-probs; logged
+    when the sampler reports its own log-probs, e.g. ``rollout_dtype: bfloat16``); max of ``*_max``."""
+    keys = sorted({k for r in records for k in r if k.startswith("mismatch/")})
+    out = {}
+    for k in keys:
+        values = [float(r[k]) for r in records if r.get(k) is not None]
+        out[k] = max(values) if k.endswith("_max") else sum(values) / len(values)
+    return out
+
+
 def run_grouprl(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     """Train ``w.steps`` optimizer steps with grouprl; return the step summary."""
     import torch
@@ -160,6 +171,7 @@ def run_grouprl(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     _force_length(trainer.model, w.max_new_tokens)
     _count_tokens(counts)
     _cpu_per_step(cpu)
+    dtypes = dtype_probe(trainer.model)  # the reference is a deep copy made in train(): it shares the hook
     trainer.train()
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     records = [r for r in records if "time/step" in r]
@@ -179,4 +191,6 @@ def run_grouprl(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
     out = clock.summary(w.warmup_steps, w.optimizer_steps_per_generation)
     out["steps_rows"] = clock.steps
     out["generate_calls"] = len(counts)
+    out["dtypes"] = dict(dtypes)
+    out["mismatch"] = _mismatch(records)
     return out

@@ -119,8 +119,10 @@ def markdown_sizes(result: dict[str, Any]) -> str:
 
     Times (steps/s, phases) are by the run's clock (``--clock``): wall time, or CPU time of each child.
     """
-    clocks = sorted({r.get("clock", "wall") for r in result.get("runs", [result])})
-    lines = [f"Clock: {', '.join(clocks)} time.", ""] + _main_rows(result) + [""] + _breakdown_rows(result) + ["", "| size | config | target | value | met |",
+    runs = result.get("runs", [result])
+    clocks = sorted({r.get("clock", "wall") for r in runs})
+    precisions = sorted({(r.get("overrides") or {}).get("precision", "fp32") for r in runs})
+    lines = [f"Clock: {', '.join(clocks)} time. Precision (both sides): {', '.join(precisions)}.", ""] + _main_rows(result) + [""] + _breakdown_rows(result) + ["", "| size | config | target | value | met |",
                                                                   "|---|---|---|---|---|"]
     for name, size in result["sizes"].items():
         for t in size.get("targets", []):

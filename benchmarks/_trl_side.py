@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import StepClock, Workload, make_dataset_rows, number_reward
+from _common import StepClock, Workload, dtype_probe, make_dataset_rows, number_reward
 
 
 def trl_config_kwargs(w: Workload, output_dir: str) -> dict[str, Any]:
@@ -33,8 +33,8 @@ def trl_config_kwargs(w: Workload, output_dir: str) -> dict[str, Any]:
     """
     fields = dict(
         output_dir=output_dir,
-        use_cpu=True,
-        bf16=False,
+        use_cpu=True,  # needed for bf16 without a GPU; accelerate then autocasts model.forward on the CPU
+        bf16=w.precision == "bf16",
         fp16=False,
         gradient_checkpointing=False,
         report_to="none",
@@ -145,7 +145,10 @@ def run_trl(w: Workload, model_dir: str, work_dir: str) -> dict[str, Any]:
         callbacks=[Timing()],
     )
     _instrument(trainer, clock)
+    dtypes = dtype_probe(*[m for m in (trainer.model, trainer.ref_model) if m is not None])
     trainer.train()
     out = clock.summary(w.warmup_steps, w.optimizer_steps_per_generation)
     out["steps_rows"] = clock.steps
+    out["dtypes"] = dict(dtypes)
+    out["autocast_cpu"] = bool(getattr(trainer.accelerator, "native_amp", False))  # accelerate's bf16 autocast
     return out

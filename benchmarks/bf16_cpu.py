@@ -82,6 +82,7 @@ def worker(spec: dict) -> dict:
                logp_mean=float(lp32.mean()))
     d = lp32 - lp16  # k3(policy = fp32, ref = bf16 copy of the same weights): the KL offset bf16 storage adds
     out["kl_k3_offset_mean"] = float((torch.exp(-d) + d - 1).mean())
+    out.update(_train_pass(model, mb, spec["repeats"]))
     ids = prompt[:, :P]
     gen = {"max_new_tokens": 32, "do_sample": False, "min_new_tokens": 32, "pad_token_id": 0}
 
@@ -96,6 +97,42 @@ def worker(spec: dict) -> dict:
     out["gen_same_tokens"] = float((a == b).float().mean())
     out["ref_bf16_speedup"] = round(out["ref_fp32_s"] / out["ref_bf16_s"], 3)
     out["gen_bf16_speedup"] = round(out["gen_fp32_s"] / out["gen_autocast_bf16_s"], 3)
+    return out
+
+
+def _train_pass(model, mb, repeats: int) -> dict:
+    """The policy's training pass (``completion_logps`` with the chunked head, ``sum().backward()``) in fp32
+    and under ``torch.autocast("cpu", dtype=torch.bfloat16)`` (``bf16: true``), fp32 master weights in
+    both; the log-prob error and the gradient's relative error of the autocast pass against fp32."""
+    import torch
+
+    from grouprl.train.step import completion_logps
+
+    model.train()
+
+    def run(ctx):
+        model.zero_grad(set_to_none=True)
+        with ctx():
+            logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
+                                       mb.completion_mask, with_entropy=True)
+        logp.sum().backward()
+        return logp.detach()
+
+    autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    none = contextlib.nullcontext
+    out = {"train_fp32_s": _median_s(lambda: run(none), repeats),
+           "train_autocast_bf16_s": _median_s(lambda: run(autocast), repeats)}
+    lp32 = run(none)
+    g32 = torch.cat([p.grad.flatten() for p in model.parameters()])
+    lp16 = run(autocast)
+    g16 = torch.cat([p.grad.flatten() for p in model.parameters()])
+    err = (lp16 - lp32).abs()
+    out.update(train_logp_dtype=str(lp16.dtype), train_logp_abs_err_max=float(err.max()),
+               train_logp_abs_err_mean=float(err.mean()),
+               train_grad_rel_err=float((g16 - g32).norm() / g32.norm()),
+               train_grad_dtypes=sorted({str(p.grad.dtype) for p in model.parameters()}),
+               train_bf16_speedup=round(out["train_fp32_s"] / out["train_autocast_bf16_s"], 3))
+    model.eval()
     return out
 
 

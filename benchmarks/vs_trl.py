@@ -22,7 +22,13 @@ repeat (ABBA...), so drift in machine load hits both. Figures are steady-state (
 is left out as warm-up) medians over repeats; peak RSS is the child's ``ru_maxrss``, so one side's memory
 never counts for the other. Every completion is exactly ``max_new_tokens`` long on both sides (EOS masked
 until then), and completion tokens are counted from what each library generated, so the two do the same
-work. TRL is configured without gradient checkpointing and in fp32, as grouprl is.
+work. TRL is configured without gradient checkpointing and in fp32, as grouprl is; ``--precision bf16``
+sets ``bf16`` on both sides instead (grouprl ``bf16: true``; TRL ``bf16=True`` with ``use_cpu=True``, which
+accelerate runs as ``torch.autocast("cpu", bfloat16)`` around the model's forward). Each side's JSON then
+has ``dtypes_all``: the output dtypes of its first ``q_proj`` per pass (grad / no grad), and grouprl's
+``mismatch_all``: its ``mismatch/*`` metrics (sampler vs trainer log-probs).
+
+    OMP_NUM_THREADS=1 python benchmarks/vs_trl.py --size small --clock cpu --precision bf16 --repeats 2
 
 With ``--floor`` (on by default with ``--size``) a third child per size measures the plain-PyTorch floor of
 each phase (``floor.measure_floor``: the GRPO step's decode, forward+backward and reference forward), and
@@ -157,7 +163,7 @@ def count_parameters(model_dir: str) -> int:
 
 def floor_child(w: Workload, model_dir: str, repeats: int, log=print) -> dict[str, Any]:
     """The plain-PyTorch floor of ``w``'s GRPO step on this model, in its own child process."""
-    spec = {"workload": asdict(replace(w, grouprl_opts={}, trl_opts={})), "model_dir": model_dir,
+    spec = {"workload": asdict(replace(w, grouprl_opts={}, trl_opts={}, precision="fp32")), "model_dir": model_dir,
             "repeats": repeats}
     res = run_child(SCRIPT, "floor", spec)
     if res["ok"]:
@@ -215,6 +221,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="time phases and steps by wall clock, or by each child's CPU time (steadier on a "
                         "shared machine; steps/s then means steps per CPU-second)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="fp32 on both sides, or bf16 on both: grouprl bf16=true, TRL bf16=True (CPU autocast); "
+                        "the floor stays fp32")
     p.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the plain-PyTorch floor per size (a third child process)")
     p.add_argument("--floor-repeats", type=int, default=2, help="timed repeats of each floor phase")
@@ -240,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SIZES]
     if unknown:
         raise SystemExit(f"--size: unknown {unknown}; choose from {list(SIZES)} or 'all'")
-    overrides: dict[str, Any] = {"threads": args.threads, "clock": args.clock,
+    overrides: dict[str, Any] = {"threads": args.threads, "clock": args.clock, "precision": args.precision,
                                  "grouprl_opts": parse_opts(args.grouprl_opt, "--grouprl-opt"),
                                  "trl_opts": parse_opts(args.trl_opt, "--trl-opt")}
     for key, value in (("steps", args.steps), ("rollout_backend", args.rollout_backend),

@@ -227,7 +227,9 @@ class GRPOConfig:
     samples from a bf16 copy of the weights made once per generation round (bf16 KV cache, fp32 logits), as
     vLLM / verl sample in bf16 while training in fp32; rollouts are then off-policy by precision, so the
     sampler's log-probs become rollout_logp and rollout_correction (auto = tis) applies.
-    ``auto`` = ``float32`` (the trainer's own weights); benchmarks/README.md has the measurements."""
+    ``auto`` = ``bfloat16`` when ``bf16`` autocast runs on a CPU (AVX512-BF16 / AMX-BF16) and the lean sampler
+    can run here, else ``float32`` (the trainer's own weights; on a GPU ``bf16`` autocasts generation
+    instead); benchmarks/README.md has the measurements."""
 
     # ---- agents: tools and environments -------------------------------------------------------
     tools: list = field(default_factory=list)
@@ -268,7 +270,10 @@ class GRPOConfig:
 
     # ---- precision, device, memory ----------------------------------------------------------------
     bf16: bool = False
-    """bf16 autocast where the device supports it (fp32 with one warning elsewhere)."""
+    """bf16 mixed precision: fp32 master weights, optimizer and loss; the model's matmuls in bf16 under
+    ``torch.autocast``. On a CUDA GPU with bf16 support: every pass. On a CPU with AVX512-BF16 or AMX-BF16:
+    the training, old-log-prob and reference passes (1.6x faster fwd+bwd measured), while generation samples
+    from a bf16 weight copy (``rollout_dtype: auto``) instead of autocast. Elsewhere fp32, with one warning."""
     device: str = "auto"
     """auto, cpu, cuda or mps."""
     gradient_checkpointing: bool = False
@@ -280,9 +285,9 @@ class GRPOConfig:
     ref_dtype: str = "auto"
     """Storage and compute dtype of the frozen reference model (full fine-tuning with kl_coef > 0; a LoRA
     reference shares the policy's weights): ``float32``, ``bfloat16`` (half the memory; log-probs still
-    returned in fp32), or ``auto``: bfloat16 when bf16 autocast is in effect (bf16 on a CUDA device with bf16
-    support), else float32. On a CPU with AVX512-BF16 ``bfloat16`` made the reference forward 1.7-2.1x
-    faster, with log-probs within ~1e-2 of fp32 (benchmarks/README.md)."""
+    returned in fp32), or ``auto``: bfloat16 when bf16 autocast is in effect (``bf16`` on a CUDA device with
+    bf16 support or a CPU with AVX512-BF16 / AMX-BF16), else float32. On a CPU with AVX512-BF16 ``bfloat16``
+    made the reference forward 1.7-2.1x faster, with log-probs within ~1e-2 of fp32 (benchmarks/README.md)."""
     use_peft: bool = False
     """Train a LoRA adapter instead of all weights; the reference is the base with the adapter off."""
     lora_r: int = 16

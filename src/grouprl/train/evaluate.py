@@ -107,6 +107,7 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
     from grouprl.rollout import make_backend
     from grouprl.rollout.vllm_backend import options_from as vllm_options
     from grouprl.train.model import autocast_factory
+    from grouprl.train.precision import generation_context
 
     temperature, num_samples, ks = decoding_plan(cfg, temperature, num_samples, ks)
     if agent is None:
@@ -116,7 +117,7 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
                                vllm_options=vllm_options(cfg))
     device = next(model.parameters()).device
     autocast = autocast_factory(cfg.bf16, device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), autocast():
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), generation_context(autocast):
         torch.manual_seed(cfg.seed)
         return evaluate(backend, tokenizer, rows, reward_fn, prompt_column=cfg.prompt_column,
                         system_prompt=cfg.system_prompt, max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,

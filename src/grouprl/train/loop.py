@@ -47,6 +47,7 @@ from grouprl.train.model import (
     save_final,
     upcast_trainable,
 )
+from grouprl.train.precision import resolve_rollout_dtype
 from grouprl.train.resume_config import config_record
 from grouprl.train.reward_signal import RewardWatch
 from grouprl.train.round import (  # Round: older checkpoints pickled loop.Round
@@ -79,7 +80,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     spec = loss_spec(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
-                           vllm_options=vllm_options(cfg), rollout_dtype=cfg.rollout_dtype)
+                           vllm_options=vllm_options(cfg), rollout_dtype=resolve_rollout_dtype(cfg, model))
     # the global prompt order; this rank generates for its contiguous share of each round
     stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import warnings
 from typing import Any
 
 import torch
 
 from grouprl.errors import ConfigError
+from grouprl.train.precision import autocast_factory as autocast_factory  # re-exported: loop, dpo, ppo
+from grouprl.train.precision import bf16_autocast_device
 
 log = logging.getLogger("grouprl")
 
@@ -73,20 +74,6 @@ def pick_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def autocast_factory(bf16: bool, device: torch.device):
-    """A zero-argument context factory: bf16 autocast on CUDA with bf16 support, else a no-op.
-
-    Asking for bf16 where it is not supported (CPU, old GPUs) trains in fp32 and warns exactly once.
-    """
-    if not bf16:
-        return contextlib.nullcontext
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
-    warnings.warn(f"bf16=True but device '{device.type}' has no fast bf16 support: training in fp32 instead.",
-                  stacklevel=2)
-    return contextlib.nullcontext
-
-
 def load_tokenizer(source: Any, processing_class: Any = None):
     from transformers import AutoTokenizer
 
@@ -133,7 +120,7 @@ def upcast_trainable(model: Any) -> torch.dtype | None:
     for p in half:
         p.data = p.data.float()
     log.warning("grouprl: %d trainable parameter tensors were %s; upcast to float32 (fp32 master weights, "
-                "compute in bf16 under autocast when bf16=true on a GPU). Load with dtype=torch.float32 to "
+                "compute in bf16 under autocast when bf16=true on a GPU or a bf16 CPU). Load with dtype=torch.float32 to "
                 "skip this.", len(half), str(dtype).replace("torch.", ""))
     return dtype
 
@@ -163,12 +150,13 @@ def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
 
 def reference_dtype(name: str, device: torch.device, bf16: bool = False) -> torch.dtype:
     """``ref_dtype`` -> a torch dtype. ``auto`` follows the compute dtype: bfloat16 when bf16 autocast is in
-    effect (``bf16`` on a CUDA device with bf16 support: the reference's matmuls run in bf16 anyway), else
-    float32 -- on CPU too, where bf16 storage is faster with AVX512-BF16 (benchmarks/bf16_cpu.py) but moves
-    the log-probs by up to ~1e-2, so the KL of the first step is no longer exactly 0; ask for it by name."""
+    effect (``bf16`` on a CUDA device with bf16 support, or on a CPU with AVX512-BF16 / AMX-BF16:
+    :func:`grouprl.train.precision.bf16_autocast_device`; the reference's matmuls would run in bf16 anyway,
+    and bf16 storage skips the per-call weight casts), else float32. With ``bf16: false`` a CPU keeps an
+    fp32 reference: bf16 storage is faster there (benchmarks/bf16_cpu.py) but moves the log-probs by up to
+    ~1e-2, so the KL of the first step is no longer exactly 0; ask for it by name."""
     if name == "auto":
-        autocast = bf16 and device.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        return torch.bfloat16 if autocast else torch.float32
+        return torch.bfloat16 if bf16_autocast_device(bf16, device) else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 

@@ -36,6 +36,7 @@ from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, r
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.metrics import Timers, round_metrics, round_samples
 from grouprl.train.model import Reference
+from grouprl.train.precision import generation_context
 from grouprl.train.score import RewardScorer
 from grouprl.train.step import MicroBatch, batched_logps
 
@@ -104,7 +105,7 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     with timers("generate"):
         texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
                  for r in rows]
-        with ctx.autocast():
+        with generation_context(ctx.autocast):  # no autocast on a CPU: train/precision.py
             rollout = generate(ctx.backend, texts, G, params)
     with timers("reward"):
         expanded = [r for r in rows for _ in range(G)]
@@ -122,7 +123,7 @@ def _sample_and_score_agent(ctx: RunContext, rows: list[dict], params: SamplingP
     """Multi-turn tool rollouts on the policy model (``grouprl.train.agent``); rewards see the trajectories
     and the environment's own reward is added to the total."""
     cfg, G = ctx.cfg, ctx.cfg.num_generations
-    with timers("generate"), ctx.autocast():
+    with timers("generate"), generation_context(ctx.autocast):
         rollout = agent_rollout(ctx.agent, ctx.model, ctx.tokenizer, rows, G, params,
                                 prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt)
     with timers("reward"):
