@@ -33,10 +33,13 @@ def _mb():
                       completion_mask, torch.zeros(4))
 
 
-def test_reference_dtype_names():
+def test_reference_dtype_names(monkeypatch):
+    from grouprl.train import precision
+
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)  # bf16 CPUs: tests/train/test_bf16_cpu.py
     cpu = torch.device("cpu")
     assert reference_dtype("auto", cpu) == torch.float32
-    assert reference_dtype("auto", cpu, bf16=True) == torch.float32  # no bf16 autocast on CPU: fp32 compute
+    assert reference_dtype("auto", cpu, bf16=True) == torch.float32  # no bf16 autocast on this CPU: fp32 compute
     assert reference_dtype("float32", cpu) == torch.float32
     assert reference_dtype("bfloat16", cpu) == torch.bfloat16
 
