@@ -1,14 +1,19 @@
 """bf16 on this CPU: speed and log-prob error of a bf16 reference forward and of bf16 autocast generation.
 
 Models: ``floor.py``'s sizes (``small``: hidden 256, 4 layers, the tiny tokenizer's 373 tokens;
-``medium``: hidden 512, 2 layers, vocabulary 32768), random weights. Batch: 16 sequences of a 26-token prompt
-and T completion tokens (small T = 128, medium T = 256). In one process per size, after a warm-up, the
+``medium``: hidden 512, 2 layers, vocabulary 32768), random weights; also ``tiny`` (hidden 64, 2 layers, T = 64)
+and ``recipe`` (the default recipe's shape: hidden 128, 3 layers, T = 32, 128 sequences). Batch: 16 sequences
+(128 for ``recipe``) of a 26-token prompt and T completion tokens (small T = 128, medium T = 256). In one process per size, after a warm-up, the
 median process CPU time (one thread) of ``--repeats``:
 
 - ``ref_fp32_s`` / ``ref_bf16_s``: the reference pass (``batched_logps``: trimmed, chunked LM head, no grad)
   with fp32 weights and with a bf16 copy of the weights (``ref_dtype: bfloat16``); ``logp_abs_err_*``:
   |bf16 - fp32| of the log-probs (fp32 out in both), max and mean over the tokens, and of the k3 KL the
   loss would see between the fp32 policy and each reference (``kl_*``: the bf16 error as a KL offset);
+- ``train_fp32_s`` / ``train_autocast_bf16_s``: the policy's training pass (``completion_logps`` with the
+  chunked head, then backward) in fp32 and under CPU bf16 autocast (``bf16: true``), fp32 weights in both;
+  ``train_logp_abs_err_*`` and ``train_grad_rel_err`` (norm of the gradient difference / norm of the fp32
+  gradient) of the autocast pass against fp32;
 - ``gen_fp32_s`` / ``gen_autocast_bf16_s``: ``model.generate`` of 16 x 32 new tokens (greedy, EOS off) in
   fp32 and under ``torch.autocast("cpu", dtype=torch.bfloat16)``; ``gen_same_tokens``: the fraction of
   generated tokens the two agree on.
@@ -35,7 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import emit_json  # noqa: E402
 
 SCRIPT = Path(__file__).resolve()
-SIZES = {"small": (256, 4, 128, None), "medium": (512, 2, 256, 32768)}
+# hidden, layers, completion tokens T, vocabulary (None = the tiny tokenizer's 373), sequences N
+SIZES = {"tiny": (64, 2, 64, None, 16), "recipe": (128, 3, 32, None, 128), "small": (256, 4, 128, None, 16),
+         "medium": (512, 2, 256, 32768, 16)}
 
 
 def _median_s(fn, repeats: int) -> float:
@@ -60,13 +67,13 @@ def worker(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
-    hidden, layers, T, vocab = SIZES[spec["size"]]
+    hidden, layers, T, vocab, N = SIZES[spec["size"]]
     model = build_tiny_model(build_tokenizer(), hidden_size=hidden, num_layers=layers)
     if vocab:
         model.resize_token_embeddings(vocab)
     model.eval()
     V = model.config.vocab_size
-    N, P = 16, 26
+    P = 26
     g = torch.Generator().manual_seed(1)
     prompt, completion = torch.randint(3, min(V, 373), (N, P), generator=g), torch.randint(3, V, (N, T), generator=g)
     mb = MicroBatch(prompt, torch.ones(N, P, dtype=torch.long), completion, torch.ones(N, T, dtype=torch.long),

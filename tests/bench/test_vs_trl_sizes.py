@@ -77,6 +77,24 @@ def test_opts_reach_each_side_only(tmp_path):
         grouprl_config(replace(GRPO, grouprl_opts={"no_such_field": 1}), str(tmp_path))
 
 
+def test_precision_sets_bf16_on_both_sides_and_the_floor_stays_fp32(tmp_path, monkeypatch):
+    import vs_trl
+    from _grouprl_side import grouprl_config
+    from _trl_side import trl_config_kwargs
+
+    bf16 = replace(GRPO, precision="bf16")
+    assert grouprl_config(bf16, str(tmp_path)).bf16 is True and grouprl_config(GRPO, str(tmp_path)).bf16 is False
+    trl = trl_config_kwargs(bf16, str(tmp_path))
+    assert trl["bf16"] is True and trl["use_cpu"] is True and trl_config_kwargs(GRPO, str(tmp_path))["bf16"] is False
+    assert vs_trl.parse_args(["--precision", "bf16"]).precision == "bf16"
+    specs = []
+    monkeypatch.setattr(vs_trl, "run_child", lambda script, lib, spec: specs.append(spec) or {"ok": False,
+                                                                                              "returncode": 1,
+                                                                                              "log_tail": ""})
+    vs_trl.floor_child(bf16, "m", 1, log=lambda m: None)
+    assert specs[0]["workload"]["precision"] == "fp32"
+
+
 def _side(gen, ref, fwd_bwd, step, steps_per_s, rss):
     b = {"generate": gen, "reward": 0.001, "ref_logp": ref, "old_logp": 0.0, "policy_fwd_bwd": fwd_bwd,
          "optimizer": 0.002, "other": step - gen - ref - fwd_bwd - 0.003, "step_time": step}

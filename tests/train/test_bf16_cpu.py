@@ -223,3 +223,35 @@ def test_bf16_on_a_cpu_without_native_bf16_trains_in_fp32_with_one_warning(tiny_
     assert len(warned) == 1 and "training in fp32 instead" in warned[0]
     (rec,) = train_records(cfg.output_dir)
     assert not [k for k in rec if k.startswith("mismatch/")]  # fp32 sampler: the trainer's own weights
+
+
+
+def test_ppo_and_dpo_steps_run_under_cpu_autocast(tiny_model_dir, train_rows, tmp_path, bf16_cpu):
+    """The other two loops take the same autocast factory: PPO's critic values and DPO's log-probs stay fp32
+    (``critic_values`` / ``completion_logps`` upcast), the losses are finite, the weights stay fp32."""
+    import json
+
+    from grouprl import GRPOConfig, GRPOTrainer
+    from grouprl.cli import main
+
+    bf16_cpu(True)
+    ppo = GRPOConfig(algorithm="ppo", output_dir=str(tmp_path / "ppo"), num_generations=1, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=1, max_new_tokens=6, max_prompt_length=64, max_steps=1, kl_coef=0.1,
+                     progress_bar=False, save_strategy="no", seed=0, eval_split=None, bf16=True)
+    trainer = GRPOTrainer(model=str(tiny_model_dir), config=ppo, train_dataset=train_rows, reward_funcs=char_reward)
+    trainer.train()
+    (rec,) = train_records(ppo.output_dir)
+    assert all(torch.isfinite(torch.tensor(rec[k])) for k in ("loss/policy", "loss/value", "value/mean"))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
+
+    data = tmp_path / "pairs"
+    data.mkdir()
+    pairs = [{"prompt": f"What is {i} + 1?", "chosen": f"Answer: {i + 1}", "rejected": f"Answer: {i + 2}"}
+             for i in range(4)]
+    (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in pairs))
+    out = tmp_path / "dpo"
+    assert main(["train", f"model={tiny_model_dir}", f"dataset={data}", f"output_dir={out}", "algorithm=dpo",
+                 "max_steps=2", "per_device_train_batch_size=2", "gradient_accumulation_steps=1", "max_new_tokens=4",
+                 "progress_bar=false", "save_strategy=no", "eval_split=null", "bf16=true"]) == 0
+    records = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert len(records) == 2 and all(torch.isfinite(torch.tensor([r["loss"], r["grad_norm"]])).all() for r in records)
