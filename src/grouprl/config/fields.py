@@ -272,8 +272,9 @@ class GRPOConfig:
     bf16: bool = False
     """bf16 mixed precision: fp32 master weights, optimizer and loss; the model's matmuls in bf16 under
     ``torch.autocast``. On a CUDA GPU with bf16 support: every pass. On a CPU with AVX512-BF16 or AMX-BF16:
-    the training, old-log-prob and reference passes (1.6x faster fwd+bwd measured), while generation samples
-    from a bf16 weight copy (``rollout_dtype: auto``) instead of autocast. Elsewhere fp32, with one warning."""
+    the training, old-log-prob and reference passes (fwd+bwd 1.26x faster at hidden 128, 1.59x at 256-512; 0.6x,
+    slower, at hidden 64), while generation samples from a bf16 weight copy (``rollout_dtype: auto``) instead of
+    autocast. Elsewhere fp32, with one warning. benchmarks/README.md ("bf16 on both sides") has the numbers."""
     device: str = "auto"
     """auto, cpu, cuda or mps."""
     gradient_checkpointing: bool = False
