@@ -255,3 +255,16 @@ def test_ppo_and_dpo_steps_run_under_cpu_autocast(tiny_model_dir, train_rows, tm
                  "progress_bar=false", "save_strategy=no", "eval_split=null", "bf16=true"]) == 0
     records = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert len(records) == 2 and all(torch.isfinite(torch.tensor([r["loss"], r["grad_norm"]])).all() for r in records)
+
+
+def test_an_explicit_correction_is_accepted_with_bf16_and_rollout_dtype_auto():
+    """With ``bf16`` and ``rollout_dtype: auto`` the sampler may be a bf16 copy (resolved at start-up), so
+    ``rollout_correction: tis`` is no longer refused up front; an fp32 run still is."""
+    from grouprl.config import GRPOConfig
+    from grouprl.errors import ConfigError
+
+    assert GRPOConfig(bf16=True, rollout_correction="tis").rollout_correction == "tis"
+    with pytest.raises(ConfigError, match="no mismatch to correct"):
+        GRPOConfig(rollout_correction="tis")
+    with pytest.raises(ConfigError, match="no mismatch to correct"):
+        GRPOConfig(bf16=True, rollout_dtype="float32", rollout_correction="mask")

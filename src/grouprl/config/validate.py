@@ -247,9 +247,12 @@ def check_rollout_engine(cfg: Any) -> None:
                           f"loop (rollout_backend={cfg.rollout_backend!r}, lean_sampler={cfg.lean_sampler!r}, "
                           f"algorithm={cfg.algorithm!r}, tools/environment set: {agent}). Fix: rollout_dtype: "
                           f"auto, or rollout_backend: transformers with lean_sampler unset and no tools.")
-    # the transformers backend in fp32 samples with the trainer's own weights: nothing to correct
+    # the transformers backend in fp32 samples with the trainer's own weights: nothing to correct. With bf16 and
+    # rollout_dtype auto it may sample from a bf16 copy (a bf16 CPU: train/precision.py, resolved at start-up;
+    # round.py refuses tis / mask then if the sampler turns out to be the trainer's own weights)
+    maybe_low = getattr(cfg, "rollout_dtype", "auto") == "auto" and bool(getattr(cfg, "bf16", False))
     own = cfg.rollout_backend == "transformers" and not low
-    if own and cfg.rollout_correction in ("tis", "mask"):
+    if own and not maybe_low and cfg.rollout_correction in ("tis", "mask"):
         raise ConfigError(f"rollout_correction={cfg.rollout_correction!r} with rollout_backend='transformers': "
                           f"that backend samples with the trainer's own weights, so there is no mismatch to "
                           f"correct. Fix: rollout_correction: auto (or none), or rollout_backend: vllm.")
