@@ -65,7 +65,8 @@ def cpu_has_fast_bf16() -> bool:
 
 class Autocast:
     """A zero-argument context factory: ``autocast()`` -> bf16 autocast on ``device_type``;
-    ``autocast.generation()`` -> the same, or no autocast where generation is faster without it (CPU)."""
+    ``autocast.generation()`` -> the same on CUDA, no autocast on a CPU (the lean sampler, fp32 or on its own
+    bf16 weight copy, instead of ``model.generate`` under autocast: see the module docstring)."""
 
     def __init__(self, device_type: str, *, for_generation: bool) -> None:
         self.device_type, self.for_generation = device_type, for_generation
