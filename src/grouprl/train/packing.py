@@ -1,19 +1,22 @@
-"""Padding-free log-prob passes: a micro-batch's sequences packed into a few rows, no padding computed.
+"""Padding-free log-prob passes: a micro-batch's sequences packed into fewer rows, little padding computed.
 
 A micro-batch carries left-padded prompts ``[N, P]`` and right-padded completions ``[N, T]``; even trimmed
 (``step.trim_padding``) every row is as wide as the longest prompt plus the longest completion, so a batch of
 ragged completions spends much of its compute on padding. Here each sequence's real tokens (its prompt's,
-then its completion's) are laid end to end in rows no wider than the longest sequence (first-fit decreasing
-bin packing), with position ids restarting at 0 for each sequence. With ``attention_mask=None`` transformers
-(4.54+, 5.x) reads the restarts of ``position_ids`` as sequence boundaries and builds a block-diagonal causal
-mask (``masking_utils.find_packed_sequence_indices``); flash-attention takes the same input as variable-length
+then its completion's) are laid end to end in rows of 1x, 1.5x or 2x the longest sequence's length
+(first-fit decreasing bin packing), with position ids restarting at 0 for each sequence; only the tail of a
+row that is not full is padding. With ``attention_mask=None`` transformers (5.x; checked with 5.24) reads
+the restarts of ``position_ids`` as sequence boundaries and builds a block-diagonal causal mask
+(``masking_utils.find_packed_sequence_indices``); flash-attention takes the same input as variable-length
 sequences. Each token then sees exactly the tokens it sees in its own padded row, at the same positions
 (the padded path's position ids also count real tokens only), so its hidden state is the same up to
 summation order.
 
-Why rows no wider than the longest sequence: on a CPU (and with sdpa's dense mask on a GPU) attention is
-computed over the whole packed row, so a row of width W costs W^2 whatever its blocks are; packing into rows
-of the micro-batch's own width keeps that per-row cost and removes rows.
+Why rows of about the longest sequence's width: on a CPU (and with sdpa's dense mask on a GPU) attention is
+computed over the whole packed row, so a row of width W costs W^2 whatever its blocks are. Rows of the
+micro-batch's own width keep that per-row cost and remove rows; up to twice that width lets more short
+sequences share a row at a higher attention cost, so :func:`pack` picks the width by an estimate of both
+(:func:`row_cost`).
 
 :func:`packing_supported` checks a model once by a probe (two short sequences packed vs alone) instead of
 trusting a list of architectures: a model or attention implementation that ignores ``position_ids`` for
@@ -48,6 +51,7 @@ class Packed:
     position_ids: torch.Tensor
     predict_index: torch.Tensor
     rows_of: list[list[int]]
+    cost: float = 0.0  # row_cost of the layout (token positions, attention share added)
 
     @property
     def slots(self) -> int:
@@ -78,13 +82,47 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
+# Row capacities tried, as multiples of the longest sequence, when the caller gives none (:func:`pack`).
+CAPACITY_MULTIPLES = (1.0, 1.5, 2.0)
+# Attention's cost per token relative to the rest of a decoder layer: W / (ATTENTION_WEIGHT * hidden) for a
+# row of width W (a dense mask: every row pays W^2 whatever its blocks). From the FLOPs of a Llama / Qwen2
+# layer: q.k and p.v take 4 W H per token, the projections and the MLP (intermediate 4 H, grouped KV)
+# about 30 H^2. On a CPU (benchmarks/packing.py) rows twice as wide with the same positions cost ~14% more
+# at hidden 256 (this predicts 7%), and no measurable amount at hidden 128.
+ATTENTION_WEIGHT = 8.0
+
+
+def row_cost(rows: int, width: int, hidden_size: int | None) -> float:
+    """Estimated decoder cost of ``rows`` rows of ``width`` positions, in token positions: each position
+    costs 1 plus its attention share ``width / (ATTENTION_WEIGHT * hidden_size)`` (0 when no hidden size)."""
+    return rows * width * (1.0 + (width / (ATTENTION_WEIGHT * hidden_size) if hidden_size else 0.0))
+
+
+def _choose_bins(lengths: list[int], capacity: int | None, hidden_size: int | None) -> list[list[int]]:
+    longest = max(lengths)
+    if capacity is not None:
+        return first_fit_decreasing(lengths, max(int(capacity), longest))
+    best, best_cost = None, float("inf")
+    for mult in CAPACITY_MULTIPLES if hidden_size else (1.0,):
+        bins = first_fit_decreasing(lengths, int(longest * mult))
+        width = max(sum(lengths[i] for i in b) for b in bins)
+        cost = row_cost(len(bins), width, hidden_size)
+        if cost < best_cost:  # ties keep the narrower rows
+            best, best_cost = bins, cost
+    return best
+
+
 def pack(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-         completion_mask: torch.Tensor, capacity: int | None = None) -> Packed | None:
-    """Pack the real tokens of a micro-batch into rows of at most ``capacity`` tokens (default: the longest
-    sequence's prompt + completion length). Sequences without a completion token are left out (nothing of
-    theirs is scored). Returns None where packing does not apply: a prompt mask that is not left padding or
-    a completion mask that is not right padding (a hole would change which position predicts a token), a
-    sequence with a completion but no prompt token, or no completion token at all.
+         completion_mask: torch.Tensor, capacity: int | None = None, *,
+         hidden_size: int | None = None) -> Packed | None:
+    """Pack the real tokens of a micro-batch into rows of at most ``capacity`` tokens. Without ``capacity``
+    it is the longest sequence's prompt + completion length times the multiple of
+    :data:`CAPACITY_MULTIPLES` with the lowest :func:`row_cost` for the model's ``hidden_size`` (only 1x
+    without one): wider rows let short sequences share a row but make attention dearer.
+    Sequences without a completion token are left out (nothing of theirs is scored). Returns None where
+    packing does not apply: a prompt mask that is not left padding or a completion mask that is not right
+    padding (a hole would change which position predicts a token), a sequence with a completion but no
+    prompt token, or no completion token at all.
     """
     p_len, c_len = prompt_mask.bool().sum(1), completion_mask.bool().sum(1)
     if not (_contiguous(prompt_mask, p_len, left=True) and _contiguous(completion_mask, c_len, left=False)):
@@ -94,8 +132,7 @@ def pack(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: to
     if not keep or any(p_host[i] == 0 for i in keep):
         return None
     lengths = [p_host[i] + c_host[i] for i in keep]
-    capacity = max(lengths) if capacity is None else max(int(capacity), max(lengths))
-    bins = [[keep[j] for j in b] for b in first_fit_decreasing(lengths, capacity)]
+    bins = [[keep[j] for j in b] for b in _choose_bins(lengths, capacity, hidden_size)]
     width = max(sum(p_host[i] + c_host[i] for i in b) for b in bins)
     P, T = prompt_ids.shape[1], completion_ids.shape[1]
     # source: a flat index into cat([prompt_ids, completion_ids], 1) of width P + T; pads read position 0
@@ -122,7 +159,7 @@ def pack(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: to
     real = completion_mask.bool()
     rows, cols = real.nonzero(as_tuple=True)
     predict = start.to(dev)[rows] + p_len[rows] + cols - 1
-    return Packed(input_ids, pos, predict, bins)
+    return Packed(input_ids, pos, predict, bins, row_cost(len(bins), width, hidden_size))
 
 
 _PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

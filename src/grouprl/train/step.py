@@ -133,8 +133,9 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
 
     ``padding_free`` (the config field of the same name; on the chunked-head path only): ``True`` packs the
     sequences' real tokens into rows with per-sequence position ids (:mod:`grouprl.train.packing`) where
-    the model passes the packing probe; ``"auto"`` does so only where that computes fewer token positions
-    than the trimmed batch by :data:`AUTO_PACK_RATIO`; ``False`` never. The result is the same ``[N, T]``.
+    the model passes the packing probe; ``"auto"`` does so only where the packed rows' estimated cost
+    (:func:`grouprl.train.packing.row_cost`) is at most :data:`AUTO_PACK_RATIO` of the trimmed batch's;
+    ``False`` never. The result is the same ``[N, T]``.
     """
     T = completion_ids.shape[1]
     if not plain:
@@ -173,8 +174,9 @@ def _pad_right(x: torch.Tensor, T: int) -> torch.Tensor:
     return x if x.shape[1] == T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-# "auto" packs a micro-batch when the packed rows hold at most this fraction of the trimmed batch's token
-# positions (benchmarks/README.md, "Padding-free packing").
+# "auto" packs a micro-batch when the packed rows' estimated cost (grouprl.train.packing.row_cost: token
+# positions, attention share added) is at most this fraction of the trimmed batch's (benchmarks/README.md,
+# "Padding-free packing").
 AUTO_PACK_RATIO = 0.9
 
 
@@ -186,13 +188,14 @@ def _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, complet
         return None
     from grouprl.train import packing
 
-    packed = packing.pack(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    decoder, weight = head[0], head[1]
+    hidden_size = weight.shape[1]
+    packed = packing.pack(prompt_ids, prompt_mask, completion_ids, completion_mask, hidden_size=hidden_size)
     if packed is None:
         return None
-    plain_slots = prompt_ids.shape[0] * (prompt_ids.shape[1] + completion_ids.shape[1])
-    if padding_free == "auto" and packed.slots > AUTO_PACK_RATIO * plain_slots:
+    padded_cost = packing.row_cost(prompt_ids.shape[0], prompt_ids.shape[1] + completion_ids.shape[1], hidden_size)
+    if padding_free == "auto" and packed.cost > AUTO_PACK_RATIO * padded_cost:
         return None
-    decoder, weight = head[0], head[1]
     if not packing.packing_supported(decoder, model, weight.shape[0], prompt_ids.device):
         return None
     hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
