@@ -282,7 +282,7 @@ class GRPOConfig:
     real prompt tokens, then the real completion tokens -- are packed end to end into rows no wider than its
     longest sequence, with position ids restarting per sequence, so no compute goes to padding; the
     log-probs, entropy and gradients are those of the padded batch up to summation order. ``true`` packs
-    every micro-batch, ``false`` never, ``auto`` packs a micro-batch when that computes at most 90% of the
+    every micro-batch, ``false`` never, ``auto`` packs a micro-batch when that computes at most 95% of the
     padded batch's token positions (ragged completions; at fixed lengths nothing is gained). Needs the chunked
     LM head (logits_chunk_size > 0, Llama / Qwen2-style models) and a model whose attention honours packed
     position ids (checked once by a probe; otherwise the padded path is used). benchmarks/README.md has the

@@ -177,7 +177,7 @@ def _pad_right(x: torch.Tensor, T: int) -> torch.Tensor:
 # "auto" packs a micro-batch when the packed rows' estimated cost (grouprl.train.packing.row_cost: token
 # positions, attention share added) is at most this fraction of the trimmed batch's (benchmarks/README.md,
 # "Padding-free packing").
-AUTO_PACK_RATIO = 0.9
+AUTO_PACK_RATIO = 0.95
 
 
 def _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, completion_mask, padding_free):
