@@ -20,7 +20,7 @@ from grouprl.config import GRPOConfig
 from grouprl.errors import ConfigError
 from grouprl.train import packing
 from grouprl.train.packing import first_fit_decreasing, pack, packing_supported
-from grouprl.train.step import MicroBatch, batched_logps, completion_logps
+from grouprl.train.step import MicroBatch, batched_logps, completion_logps, lm_head_parts
 
 V = 512
 
@@ -174,6 +174,42 @@ def test_packed_equals_padded_in_fp64(kind):
     torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=1e-10)
     torch.testing.assert_close(packed[1][mask], padded[1][mask], rtol=0, atol=1e-10)
     _assert_grads_close(packed[2], padded[2], 1e-10)
+
+
+def test_packed_with_lora_and_activation_checkpointing_equals_padded():
+    """A LoRA adapter (the LoRA reference pass runs the same model with it off) and activation checkpointing
+    (the decoder layers recomputed in the backward with the packed position ids)."""
+    from peft import LoraConfig, get_peft_model
+
+    from grouprl.train.model import enable_checkpointing
+
+    batch = _batch(seed=13)
+    weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(3))
+    lora = get_peft_model(_model("qwen2"), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                      init_lora_weights=False))
+    checkpointed = _model("llama")
+    enable_checkpointing(checkpointed)
+    checkpointed.train()
+    for model in (lora, checkpointed):
+        decoder = lm_head_parts(model)[0]
+        packing_supported(decoder, model, V, torch.device("cpu"))
+        calls = []
+        handle = decoder.register_forward_pre_hook(
+            lambda mod, args, kwargs, calls=calls: calls.append(kwargs.get("attention_mask") is None),
+            with_kwargs=True)
+        packed = _run(model, batch, weights, padding_free=True)
+        handle.remove()
+        padded = _run(model, batch, weights, padding_free=False)
+        assert calls[0] is True  # the packed forward ran (a checkpointed backward may call it again)
+        torch.testing.assert_close(packed[0], padded[0], rtol=0, atol=1e-5)
+        _assert_grads_close(packed[2], padded[2], 1e-5)
+        assert model is not lora or any("lora" in n for n in packed[2])
+    with lora.disable_adapter():  # the LoRA reference: the base weights
+        ref = batched_logps(lora, [MicroBatch(*batch, batch[3], torch.zeros(8))], 0.7, contextlib.nullcontext,
+                            chunk_size=5, padding_free=True)[0]
+        want = batched_logps(lora, [MicroBatch(*batch, batch[3], torch.zeros(8))], 0.7, contextlib.nullcontext,
+                             chunk_size=5, padding_free=False)[0]
+    torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
 
 
 def test_reference_pass_packs_and_equals_the_padded_pass():
