@@ -6,6 +6,8 @@ state (Llama, Qwen2/3, Mistral, ...) the decoder runs to that hidden state and o
 tokens go through the LM head, ``logits_chunk_size`` positions at a time in the forward and the backward
 (:mod:`grouprl.algo.lmhead`): the ``[N, T, V]`` logits never exist. Other models are asked for the logits of
 the completion positions only (``logits_to_keep = T + 1``) and take the chunked ``selective_log_softmax``.
+With ``padding_free`` (the config field) the decoder runs instead on the micro-batch's sequences packed
+end to end into fewer rows (:mod:`grouprl.train.packing`), so padding is not computed either.
 ``plain=True`` is the straightforward path (full logits, full ``log_softmax``) kept for equivalence tests.
 
 Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T completion tokens.
@@ -21,7 +23,7 @@ import torch
 from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
-from grouprl.train import dist
+from grouprl.train import dist, packing
 
 DEFAULT_LOGITS_CHUNK = 1024  # positions per chunk through the LM head (benchmarks/logits_memory.py)
 
@@ -186,8 +188,6 @@ def _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, complet
     off, not applicable (:func:`grouprl.train.packing.pack`), not paying (``auto``), or unsupported."""
     if padding_free is False:
         return None
-    from grouprl.train import packing
-
     decoder, weight = head[0], head[1]
     hidden_size = weight.shape[1]
     packed = packing.pack(prompt_ids, prompt_mask, completion_ids, completion_mask, hidden_size=hidden_size)
