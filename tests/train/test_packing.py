@@ -212,6 +212,26 @@ def test_packed_with_lora_and_activation_checkpointing_equals_padded():
     torch.testing.assert_close(ref, want, rtol=0, atol=1e-5)
 
 
+def test_packed_under_bf16_autocast_and_with_bf16_weights():
+    """bf16 (autocast, as ``bf16: true`` runs, or a bf16 reference's weights): packed rows still give the
+    padded path's log-probs (fp32) within bf16 rounding."""
+    batch = _batch(seed=8)
+    mask = batch[3].bool()
+    model = _model("qwen2")
+    calls, handle = _decoder_calls(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed, _ = completion_logps(model, *batch, chunk_size=8, padding_free=True)
+        padded, _ = completion_logps(model, *batch, chunk_size=8, padding_free=False)
+    handle.remove()
+    assert calls[0][0] is True and packed.dtype == torch.float32
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=0, atol=2e-2)
+    bf16 = _model("llama", dtype=torch.bfloat16)
+    assert packing_supported(bf16.model, bf16, V, torch.device("cpu"))
+    packed, _ = completion_logps(bf16, *batch, chunk_size=8, padding_free=True)
+    padded, _ = completion_logps(bf16, *batch, chunk_size=8, padding_free=False)
+    torch.testing.assert_close(packed[mask], padded[mask], rtol=0, atol=2e-2)
+
+
 def test_reference_pass_packs_and_equals_the_padded_pass():
     model = _model("llama").train()
     mbs = [MicroBatch(*_batch(seed=s), _batch(seed=s)[3], torch.zeros(8)) for s in (6, 7)]
