@@ -283,6 +283,17 @@ class GRPOConfig:
     """Positions per chunk through the LM head when computing log-probs (Llama, Qwen2/3, Mistral and other
     models whose logits are a plain linear map of the last hidden state): the ``[N, T, V]`` logits never
     exist, in the forward or the backward. 0 = ask the model for the logits of the completion positions."""
+    padding_free: Any = "auto"
+    """Padding-free log-prob passes (training, reference, old log-probs): each micro-batch's sequences -- the
+    real prompt tokens, then the real completion tokens -- are packed end to end into rows of 1-2x its
+    longest sequence, with position ids restarting per sequence, so little compute goes to padding; the
+    log-probs, entropy and gradients are those of the padded batch up to summation order. ``true`` packs
+    every micro-batch, ``false`` never, ``auto`` packs a micro-batch when its estimated cost (token
+    positions, attention's share added) is at most 95% of the padded batch's: ragged completions in large
+    enough micro-batches (1.1-1.5x faster passes on a CPU), not fixed-length ones (nothing to remove). Needs
+    the chunked LM head (logits_chunk_size > 0, Llama / Qwen2-style models) and a model whose attention
+    honours packed position ids (checked once by a probe; otherwise the padded path is used).
+    benchmarks/README.md has the measurements."""
     ref_dtype: str = "auto"
     """Storage and compute dtype of the frozen reference model (full fine-tuning with kl_coef > 0; a LoRA
     reference shares the policy's weights): ``float32``, ``bfloat16`` (half the memory; log-probs still

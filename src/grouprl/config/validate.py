@@ -72,6 +72,9 @@ def check_choices(cfg: Any) -> None:
         if value not in choices:
             raise ConfigError(f"{name}={value!r} must be one of {', '.join(map(repr, choices))}."
                               + did_you_mean(str(value), choices))
+    if not (isinstance(cfg.padding_free, bool) or cfg.padding_free == "auto"):
+        raise ConfigError(f"padding_free={cfg.padding_free!r} must be auto, true or false (true = pack every "
+                          f"micro-batch's sequences into rows, false = padded rows, auto = pack where it saves compute).")
     for target in [cfg.report_to] if isinstance(cfg.report_to, str) else list(cfg.report_to or []):
         if target not in REPORT_TARGETS:
             raise ConfigError(f"report_to={target!r} must be among {', '.join(REPORT_TARGETS)}."

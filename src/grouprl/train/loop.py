@@ -179,7 +179,7 @@ def loss_spec(cfg: GRPOConfig) -> LossSpec:
     fns = cfg.resolved()
     return LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
                     KL_ESTIMATORS.get(fns["kl_estimator"]), fns["kl_coef"], cfg.temperature, **mismatch_correction(cfg),
-                    logits_chunk_size=cfg.logits_chunk_size)
+                    logits_chunk_size=cfg.logits_chunk_size, padding_free=cfg.padding_free)
 
 
 def restore(cfg: GRPOConfig, resume: Any, model: Any, optimizer: Any, scheduler: Any, stream: PromptStream,

@@ -171,7 +171,8 @@ def ppo_round(ctx: RunContext, stream: PromptStream, timers: Timers, critic: Cri
         if in_reward:  # KL of the policy that sampled (old log-probs) to the reference, per token
             with timers("old_logp_forward"):
                 lp = mb.old_logp if mb.old_logp is not None else batched_logps(
-                    ctx.model, [mb], cfg.temperature, ctx.autocast, chunk_size=cfg.logits_chunk_size)[0]
+                    ctx.model, [mb], cfg.temperature, ctx.autocast, chunk_size=cfg.logits_chunk_size,
+                    padding_free=cfg.padding_free)[0]
             kl = kl_fn(lp, mb.ref_logp).detach()
             kls.append(kl[mb.loss_mask > 0])
         r = token_rewards(rew.to(values.device), mb.loss_mask, kl, cfg.kl_coef)
@@ -254,7 +255,7 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
     kl_loss = fns["kl_coef"] if cfg.kl_mode == "loss" else 0.0
     spec = LossSpec(POLICY_LOSSES.get(fns["policy_loss"]), fns["loss_hparams"], AGGREGATIONS.get(fns["aggregation"]),
                     KL_ESTIMATORS.get(fns["kl_estimator"]), kl_loss, cfg.temperature, **mismatch_correction(cfg),
-                    logits_chunk_size=cfg.logits_chunk_size)
+                    logits_chunk_size=cfg.logits_chunk_size, padding_free=cfg.padding_free)
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows))
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
     critic_model = build_critic(model, cfg.critic_model, device)

@@ -49,6 +49,7 @@ SAFE: dict[str, str] = {
     "torch_num_threads": "the same computation with other parallelism",
     "gradient_checkpointing": "the same gradients, less memory",
     "logits_chunk_size": "the same log-probs and gradients, another chunking of the LM head",
+    "padding_free": "the same log-probs and gradients, sequences packed into rows instead of padded",
     "lean_sampler": "the same sampling distribution, another implementation",
     **dict.fromkeys(("vllm_server_url", "vllm_server_timeout", "vllm_gpu_memory_utilization", "vllm_sleep"),
                     "where and how the vLLM engine runs: the same sampling distribution"),

@@ -284,7 +284,8 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
     if ctx.reference is not None:
         with timers("ref_forward"), ctx.reference.context():
             for mb, lp in zip(mbs, batched_logps(ctx.reference.model, mbs, cfg.temperature, ctx.autocast,
-                                                 chunk_size=cfg.logits_chunk_size)):
+                                                 chunk_size=cfg.logits_chunk_size,
+                                                 padding_free=cfg.padding_free)):
                 mb.ref_logp = lp
     engine_old = getattr(cfg, "gspo_use_engine_logp", False) and r.rollout_logp is not None  # the engine's are old_logp
     if cfg.needs_old_logp and not engine_old:
@@ -294,6 +295,7 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         with timers("old_logp_forward"):
             moved = mbs[first:]
             for mb, lp in zip(moved, batched_logps(ctx.model, moved, cfg.temperature, ctx.autocast,
-                                                   chunk_size=cfg.logits_chunk_size)):
+                                                   chunk_size=cfg.logits_chunk_size,
+                                                   padding_free=cfg.padding_free)):
                 mb.old_logp = lp
     return mbs

@@ -6,6 +6,8 @@ state (Llama, Qwen2/3, Mistral, ...) the decoder runs to that hidden state and o
 tokens go through the LM head, ``logits_chunk_size`` positions at a time in the forward and the backward
 (:mod:`grouprl.algo.lmhead`): the ``[N, T, V]`` logits never exist. Other models are asked for the logits of
 the completion positions only (``logits_to_keep = T + 1``) and take the chunked ``selective_log_softmax``.
+With ``padding_free`` (the config field) the decoder runs instead on the micro-batch's sequences packed
+end to end into fewer rows (:mod:`grouprl.train.packing`), so padding is not computed either.
 ``plain=True`` is the straightforward path (full logits, full ``log_softmax``) kept for equivalence tests.
 
 Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T completion tokens.
@@ -21,7 +23,7 @@ import torch
 from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
-from grouprl.train import dist
+from grouprl.train import dist, packing
 
 DEFAULT_LOGITS_CHUNK = 1024  # positions per chunk through the LM head (benchmarks/logits_memory.py)
 
@@ -55,6 +57,7 @@ class LossSpec:
     correction: Any = None  # fn(old_logp, rollout_logp, mask) -> (weight, metrics), or None
     use_engine_logp: bool = False  # old_logp := rollout_logp (gspo_use_engine_logp), no correction weight
     logits_chunk_size: int = DEFAULT_LOGITS_CHUNK  # positions per chunk through the LM head (completion_logps); 0 = logits_to_keep
+    padding_free: bool | str = False  # pack sequences into rows (completion_logps; the config field, default auto)
 
 
 def mismatch_correction(cfg: Any) -> dict[str, Any]:
@@ -116,7 +119,8 @@ def trim_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion
 
 def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      completion_ids: torch.Tensor, completion_mask: torch.Tensor, temperature: float = 1.0,
-                     *, with_entropy: bool = False, plain: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK):
+                     *, with_entropy: bool = False, plain: bool = False, chunk_size: int = DEFAULT_LOGITS_CHUNK,
+                     padding_free: bool | str = False):
     """log pi(y_t | x, y_<t) for every completion token: ``[N,T]`` (and the entropy ``[N,T]`` if asked).
 
     Logits are divided by ``temperature`` in fp32 (whatever the compute dtype) so the log-probs are those of
@@ -128,6 +132,12 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     (:func:`grouprl.algo.lmhead.linear_log_softmax`): no ``[N,T,V]`` logits in the forward or the backward,
     and none computed for padding. Padding positions then hold 0 (log-prob and entropy); on the other paths
     only the trimmed columns do. Callers weight every position by a mask, so no value at padding is used.
+
+    ``padding_free`` (the config field of the same name; on the chunked-head path only): ``True`` packs the
+    sequences' real tokens into rows with per-sequence position ids (:mod:`grouprl.train.packing`) where
+    the model passes the packing probe; ``"auto"`` does so only where the packed rows' estimated cost
+    (:func:`grouprl.train.packing.row_cost`) is at most :data:`AUTO_PACK_RATIO` of the trimmed batch's;
+    ``False`` never. The result is the same ``[N, T]``.
     """
     T = completion_ids.shape[1]
     if not plain:
@@ -144,8 +154,12 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
         logits = logits[:, -T - 1:-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
     elif head is not None:
-        return _chunked_head(head, input_ids, attention, position_ids, completion_ids, completion_mask,
-                             temperature, chunk_size, with_entropy, T)
+        hidden = _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, completion_mask, padding_free)
+        if hidden is None:
+            hidden = head[0](input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
+                             use_cache=False).last_hidden_state[:, -width - 1:-1][completion_mask.bool()]
+        return _chunked_head(head, hidden, completion_ids, completion_mask, temperature, chunk_size,
+                             with_entropy, T)
     else:
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
                     logits_to_keep=width + 1, use_cache=False)
@@ -162,17 +176,41 @@ def _pad_right(x: torch.Tensor, T: int) -> torch.Tensor:
     return x if x.shape[1] == T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-def _chunked_head(head, input_ids, attention, position_ids, completion_ids, completion_mask, temperature,
-                  chunk_size, with_entropy, T):
-    """The decoder to its last hidden state, then log-probs of the real completion tokens through the head."""
-    decoder, weight, bias = head
-    width = completion_ids.shape[1]
-    hidden = decoder(input_ids=input_ids, attention_mask=attention, position_ids=position_ids,
-                     use_cache=False).last_hidden_state[:, -width - 1:-1]
+# "auto" packs a micro-batch when the packed rows' estimated cost (grouprl.train.packing.row_cost: token
+# positions, attention share added) is at most this fraction of the trimmed batch's (benchmarks/README.md,
+# "Padding-free packing").
+AUTO_PACK_RATIO = 0.95
+
+
+def _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, completion_mask, padding_free):
+    """The decoder's last hidden state at the position predicting each real completion token ``[K, H]``
+    (row-major order of ``completion_mask``) from packed rows, or None to take the padded path: packing
+    off, not applicable (:func:`grouprl.train.packing.pack`), not paying (``auto``), or unsupported."""
+    if padding_free is False:
+        return None
+    decoder, weight = head[0], head[1]
+    hidden_size = weight.shape[1]
+    packed = packing.pack(prompt_ids, prompt_mask, completion_ids, completion_mask, hidden_size=hidden_size)
+    if packed is None:
+        return None
+    padded_cost = packing.row_cost(prompt_ids.shape[0], prompt_ids.shape[1] + completion_ids.shape[1], hidden_size)
+    if padding_free == "auto" and packed.cost > AUTO_PACK_RATIO * padded_cost:
+        return None
+    if not packing.packing_supported(decoder, model, weight.shape[0], prompt_ids.device):
+        return None
+    hidden = decoder(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                     use_cache=False).last_hidden_state
+    return hidden.reshape(-1, hidden.shape[-1])[packed.predict_index]
+
+
+def _chunked_head(head, hidden, completion_ids, completion_mask, temperature, chunk_size, with_entropy, T):
+    """Log-probs (and entropy) of the real completion tokens from the hidden states predicting them
+    (``hidden [K, H]``, row-major order of ``completion_mask``) through the head, scattered to ``[N, T]``."""
+    _, weight, bias = head
     real = completion_mask.bool()
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
-    lp, ent = linear_log_softmax(hidden[real], weight, completion_ids[real], bias=bias, temperature=temperature,
+    lp, ent = linear_log_softmax(hidden, weight, completion_ids[real], bias=bias, temperature=temperature,
                                  chunk_size=chunk_size, compute_dtype=dtype, with_entropy=with_entropy)
     shape = (completion_ids.shape[0], T)
     logp = torch.zeros(shape, dtype=lp.dtype, device=lp.device).masked_scatter(_pad_right(real, T), lp)
@@ -191,7 +229,7 @@ def micro_batch_loss(model: Any, mb: MicroBatch, spec: LossSpec, totals: dict[st
     """
     logp, entropy = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                      mb.completion_mask, spec.temperature, with_entropy=True,
-                                     chunk_size=spec.logits_chunk_size)
+                                     chunk_size=spec.logits_chunk_size, padding_free=spec.padding_free)
     # On-policy (mu = 1, one step per generation): old_logp is the current forward, detached -- ratio 1
     # in value, gradient of the ratio = gradient of logp (arXiv 2402.03300, Sec. 4.1.3).
     old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
@@ -241,21 +279,23 @@ def combine(acc: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> dict
 
 @torch.no_grad()
 def batched_logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, *,
-                  chunk_size: int = DEFAULT_LOGITS_CHUNK) -> list[torch.Tensor]:
+                  chunk_size: int = DEFAULT_LOGITS_CHUNK, padding_free: bool | str = False) -> list[torch.Tensor]:
     """log-probs of each micro-batch without gradient (reference or old policy), with dropout off; padding
-    trimmed and the LM head chunked as in :func:`completion_logps` (``chunk_size``).
+    trimmed, the LM head chunked and the sequences packed as in :func:`completion_logps` (``chunk_size``,
+    ``padding_free``).
 
     The model is put in eval mode for these forwards and back in the mode it was in afterwards.
     """
     was_training = model.training
     model.eval()
     try:
-        return _logps(model, rows, temperature, ctx, chunk_size)
+        return _logps(model, rows, temperature, ctx, chunk_size, padding_free)
     finally:
         model.train(was_training)
 
 
-def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, chunk_size: int) -> list[torch.Tensor]:
+def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, chunk_size: int,
+           padding_free: bool | str = False) -> list[torch.Tensor]:
     out = []
     for mb in rows:
         if mb.prompt_ids.shape[0] == 0:  # a micro-batch emptied by dropped groups
@@ -263,7 +303,8 @@ def _logps(model: Any, rows: list[MicroBatch], temperature: float, ctx: Any, chu
             continue
         with ctx():
             logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
-                                       mb.completion_mask, temperature, chunk_size=chunk_size)
+                                       mb.completion_mask, temperature, chunk_size=chunk_size,
+                                       padding_free=padding_free)
         out.append(logp.float())
     return out
 
