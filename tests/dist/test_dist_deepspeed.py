@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +20,8 @@ from dist_workers import ROWS, explode_on_rank_1, letters, run_config, run_train
 pytest.importorskip("deepspeed", reason="DeepSpeed is an optional extra: pip install 'grouprl[deepspeed]'")
 
 CASES = [("token_mean", 1, "sgd"), ("token_mean", 2, "sgd"), ("seq_mean_token_mean", 2, "sgd"),
-         ("token_mean", 2, "sgd_clip"), ("token_mean", 2, "adamw")]
+         ("token_mean", 2, "sgd_clip"), ("token_mean", 2, "adamw"), ("token_mean", "uneven", "sgd"),
+         ("token_mean", "nan", "sgd")]
 
 
 def ds_env(stage: int) -> dict[str, str]:
@@ -36,12 +38,30 @@ def whole_params(model) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
-def zero_two_steps(model_dir: str, aggregation: str, ga: int, optim: str) -> dict[str, torch.Tensor]:
+def two_steps(model_dir: str, aggregation: str, ga: Any, optim: str, world: int, rank: int, **kw: Any) -> Any:
+    """``train_two_steps`` with ``ga`` = ``'uneven'``: rank 0 takes 2 micro-batches per step, rank 1 one
+    (one process: 2); ``'nan'``: 2 micro-batches and a NaN advantage in the first step's rows of the last
+    rank, so the first step is skipped (one process: the same rows, the same skip)."""
+    import dist_workers
+
+    if ga == "uneven":
+        ga = 2 if rank == 0 else 1
+    elif ga == "nan":
+        ga, saved = 2, dist_workers.ADV.clone()
+        dist_workers.ADV[dist_workers.ROWS_PER_STEP - 1] = float("nan")
+        try:
+            return train_two_steps(model_dir, aggregation, ga, optim, world=world, rank=rank, **kw)
+        finally:
+            dist_workers.ADV.copy_(saved)
+    return train_two_steps(model_dir, aggregation, ga, optim, world=world, rank=rank, **kw)
+
+
+def zero_two_steps(model_dir: str, aggregation: str, ga: Any, optim: str) -> dict[str, torch.Tensor]:
     from grouprl.train import dist
 
     d = dist.current()
-    trained = train_two_steps(model_dir, aggregation, ga, optim, world=d.world, rank=d.rank,
-                              ready=lambda model, optimizer, cfg: d.zero_init(model, optimizer, cfg))
+    trained = two_steps(model_dir, aggregation, ga, optim, d.world, d.rank,
+                        ready=lambda model, optimizer, cfg: d.zero_init(model, optimizer, cfg))
     return whole_params(trained[None])
 
 
@@ -63,7 +83,7 @@ def test_zero_ranks_match_one_process(tiny_model_dir, zero_ranks):
     stage, ranks = zero_ranks
     start = {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters()}
     for case in CASES:
-        one = train_two_steps(str(tiny_model_dir), *case, world=1, rank=0)
+        one = two_steps(str(tiny_model_dir), *case, 1, 0)
         assert max(float((one[k] - start[k]).abs().max()) for k in one) > 1e-4, f"{case}: did not train"
         for r, got in enumerate(ranks):
             assert got[case].keys() == one.keys()
@@ -156,3 +176,67 @@ def test_a_reward_raising_on_one_rank_ends_both_in_seconds_under_zero2(tiny_mode
     assert "reward exploded on purpose" in r1["error"]
     assert r0["error"].startswith("PeerFailure") and "rank 1" in r0["error"] and "reward exploded" in r0["error"]
     assert abs(r0["end"] - r1["end"]) < 15  # the error flag, not the 120 s collective timeout
+
+
+# ---- what a DeepSpeed launch accepts and refuses, before any model loads (no processes) ----------------
+def _launch_env(monkeypatch, stage: int = 2, **extra: str) -> None:
+    for key, value in {**ds_env(stage), "ACCELERATE_MIXED_PRECISION": "no", **extra}.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_batch_fields_come_from_grouprl_and_a_contradiction_names_both(monkeypatch, tmp_path):
+    """The default recipe's batch fills DeepSpeed's; a value set to something else in accelerate's config or
+    in a DeepSpeed JSON is refused, naming the DeepSpeed field and the grouprl field."""
+    from grouprl.config import GRPOConfig
+    from grouprl.errors import ConfigError
+    from grouprl.train.deepspeed import engine_config
+
+    _launch_env(monkeypatch, 3)
+    cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5)
+    got = engine_config(cfg, 2)
+    assert (got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"], got["train_batch_size"],
+            got["gradient_clipping"]) == (4, 2, 16, 0.5)
+    assert got["zero_optimization"]["stage"] == 3 and "auto" not in json.dumps(got)
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")  # what `accelerate config` writes
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps=1, but grouprl's gradient_accumulation_steps "
+                                          "gives 2.*leave gradient_accumulation_steps out"):
+        engine_config(cfg, 2)
+    monkeypatch.delenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
+    ds_json = tmp_path / "ds.json"  # a DeepSpeed config file (deepspeed_config_file in accelerate's config)
+    ds_json.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}))
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds_json))
+    for key in ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+                "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"):
+        monkeypatch.delenv(key)
+    with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=8, but grouprl's "
+                                          "per_device_train_batch_size gives 4"):
+        engine_config(cfg, 2)
+
+
+def test_unsupported_deepspeed_settings_are_refused_before_the_process_group(monkeypatch):
+    from grouprl.errors import ConfigError
+    from grouprl.train import dist
+
+    _launch_env(monkeypatch, 1)
+    with pytest.raises(ConfigError, match="ZeRO stage 1.*zero_stage: 2 or 3"):
+        dist._partial_state()
+    _launch_env(monkeypatch, 3, ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE="cpu")
+    with pytest.raises(ConfigError, match="offload_param on 'cpu'.*offload_param_device: none"):
+        dist._partial_state()
+    _launch_env(monkeypatch, 2, ACCELERATE_MIXED_PRECISION="bf16")
+    with pytest.raises(ConfigError, match="mixed_precision: 'no'.*bf16: true"):
+        dist._partial_state()
+
+
+def test_deepspeed_refuses_what_it_does_not_run(monkeypatch):
+    from grouprl.config import GRPOConfig
+    from grouprl.errors import ConfigError
+    from grouprl.train.dist import check_config
+
+    _launch_env(monkeypatch, 3)
+    check_config(GRPOConfig(), 2)  # the default recipe runs
+    for bad, match in [(dict(use_peft=True), "use_peft=true with DeepSpeed"),
+                       (dict(dynamic_sampling="drop"), "dynamic_sampling='drop' with DeepSpeed"),
+                       (dict(algorithm="ppo"), "algorithm='ppo' with 2 processes")]:
+        with pytest.raises(ConfigError, match=match):
+            check_config(GRPOConfig(**bad), 2)

@@ -221,8 +221,12 @@ class ZeroSharding:
         """Wrap ``model`` and ``optimizer`` (already built) in a DeepSpeed ZeRO engine; returns whether it did."""
         if not (self.enabled and requested()):
             return False
+        import warnings
+
         import deepspeed
 
+        warnings.filterwarnings("ignore", category=FutureWarning,  # once per collective DeepSpeed calls
+                                message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is")
         config = engine_config(cfg, self.world)
         self.check()
         with self.failures():
