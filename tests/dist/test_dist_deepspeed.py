@@ -25,9 +25,25 @@ CASES = [("token_mean", 1, "sgd"), ("token_mean", 2, "sgd"), ("seq_mean_token_me
 
 
 def ds_env(stage: int) -> dict[str, str]:
+    """What ``accelerate launch`` with ``distributed_type: DEEPSPEED`` and ``zero_stage: <stage>`` sets."""
     return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": str(stage),
             "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none", "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none",
             "DS_ACCELERATOR": "cpu"}
+
+
+def run_env(stage: int) -> dict[str, str]:
+    """ZeRO-2: accelerate's variables. ZeRO-3: a DeepSpeed JSON (``deepspeed_config_file``) that partitions
+    EVERY parameter (``stage3_param_persistence_threshold: 0``; by default DeepSpeed keeps parameters under
+    1e5 elements -- most of a tiny model -- whole on every rank)."""
+    if stage == 2:
+        return ds_env(2)
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"grouprl-zero3-{os.getppid()}-{os.getpid()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}, f)
+    os.replace(path + ".tmp", path)
+    return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": path, "DS_ACCELERATOR": "cpu"}
 
 
 def whole_params(model) -> dict[str, torch.Tensor]:
@@ -65,9 +81,36 @@ def zero_two_steps(model_dir: str, aggregation: str, ga: Any, optim: str) -> dic
     return whole_params(trained[None])
 
 
+def generates_whole(model_dir: str) -> dict:
+    """Greedy lean-sampler and ``generate`` completions inside ``Dist.full_weights``, rank 0 alone (no
+    collective may happen inside), and how many parameter elements this rank holds outside it."""
+    from transformers import AutoModelForCausalLM
+
+    from grouprl.config import GRPOConfig
+    from grouprl.rollout.lean import lean_sample
+    from grouprl.train import dist
+
+    d = dist.current()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    d.zero_init(model, torch.optim.SGD(model.parameters(), lr=0.1), GRPOConfig())
+    ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    out = {"local": sum(p.numel() for p in model.parameters())}
+    with d.full_weights(model):
+        out["inside"] = sum(p.numel() for p in model.parameters())
+        if d.is_main:  # rank 0 alone, as in an evaluation: the other rank is already at the next collective
+            out["lean"] = lean_sample(model, ids, torch.ones_like(ids), 2, max_new_tokens=5, temperature=0.0)
+            out["generate"] = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5,
+                                             do_sample=False)[:, 6:]
+    d.check()
+    out["after"] = sum(p.numel() for p in model.parameters())
+    return out
+
+
 def all_cases(model_dir: str, stage: int, cases: list) -> dict:
-    os.environ.update(ds_env(stage))
-    return {case: zero_two_steps(model_dir, *case) for case in cases}
+    os.environ.update(run_env(stage))
+    out: dict = {case: zero_two_steps(model_dir, *case) for case in cases}
+    out["generate"] = generates_whole(model_dir)
+    return out
 
 
 @pytest.fixture(scope="module", params=[2, 3])
@@ -91,15 +134,38 @@ def test_zero_ranks_match_one_process(tiny_model_dir, zero_ranks):
             assert worst <= (1e-5 if case[2] == "adamw" else 1e-6), f"ZeRO-{stage} {case}: rank {r} differs by {worst:.3g}"
 
 
+def test_gathered_weights_generate_as_the_plain_model_on_one_rank(tiny_model_dir, zero_ranks):
+    """ZeRO-3 partitions every parameter; inside ``full_weights`` they are whole (the lean sampler reads
+    them) and rank 0 generates alone; afterwards they are partitions again. ZeRO-2 keeps them whole."""
+    from transformers import AutoModelForCausalLM
+
+    from grouprl.rollout.lean import lean_sample
+
+    stage, ranks = zero_ranks
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    full = sum(p.numel() for p in model.parameters())
+    r0, r1 = (r["generate"] for r in ranks)
+    assert r0["inside"] == full and r1["inside"] == full
+    if stage == 3:
+        assert r0["local"] == r0["after"] == 0  # placeholders: the data lives in ds_tensor partitions
+    else:
+        assert r0["local"] == r0["after"] == full
+    ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
+    expected = lean_sample(model, ids, torch.ones_like(ids), 2, max_new_tokens=5, temperature=0.0)
+    assert torch.equal(r0["lean"], expected)
+    assert torch.equal(r0["generate"], expected[::2])  # generate: no per-token collective (hooks removed)
+
+
 # ---- whole GRPOTrainer runs under ZeRO-3 -------------------------------------------------------------
-RUN = dict(kl_coef=0.05, eval_steps=2)  # a replicated reference; the lean sampler on gathered weights; mid-run eval
+RUN = dict(kl_coef=0.05, eval_steps=2, lean_sampler=False)  # a replicated reference; generate() (the GPU default) on
+# gathered weights, rank 0 evaluating alone; a mid-run evaluation
 
 
 def zero_training(model_dir: str, output_dir: str, resume: str | None = None, stage: int | None = 3) -> dict:
     """One GRPOTrainer run on this rank (DeepSpeed ZeRO-``stage`` unless None): its whole weights and result,
     or the error it stopped with."""
     if stage is not None:
-        os.environ.update(ds_env(stage))
+        os.environ.update(run_env(stage))
     from grouprl.train import GRPOTrainer, dist
 
     cfg = run_config(model_dir, output_dir, **RUN)
@@ -203,11 +269,14 @@ def test_batch_fields_come_from_grouprl_and_a_contradiction_names_both(monkeypat
         engine_config(cfg, 2)
     monkeypatch.delenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS")
     ds_json = tmp_path / "ds.json"  # a DeepSpeed config file (deepspeed_config_file in accelerate's config)
-    ds_json.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}))
+    ds_json.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_CONFIG_FILE", str(ds_json))
     for key in ("ACCELERATE_DEEPSPEED_ZERO_STAGE", "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
                 "ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"):
         monkeypatch.delenv(key)
+    got = engine_config(cfg, 2)  # a file without the batch fields (accelerate itself would write ga 1)
+    assert (got["gradient_accumulation_steps"], got["zero_optimization"]["stage"]) == (2, 2)
+    ds_json.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}))
     with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=8, but grouprl's "
                                           "per_device_train_batch_size gives 4"):
         engine_config(cfg, 2)
@@ -237,6 +306,7 @@ def test_deepspeed_refuses_what_it_does_not_run(monkeypatch):
     check_config(GRPOConfig(), 2)  # the default recipe runs
     for bad, match in [(dict(use_peft=True), "use_peft=true with DeepSpeed"),
                        (dict(dynamic_sampling="drop"), "dynamic_sampling='drop' with DeepSpeed"),
-                       (dict(algorithm="ppo"), "algorithm='ppo' with 2 processes")]:
+                       (dict(algorithm="ppo"), "algorithm='ppo' with 2 processes"),
+                       (dict(algorithm="dpo"), "algorithm='dpo' with DeepSpeed")]:
         with pytest.raises(ConfigError, match=match):
             check_config(GRPOConfig(**bad), 2)

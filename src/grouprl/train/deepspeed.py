@@ -38,6 +38,7 @@ weights gathered on rank 0.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -75,7 +76,11 @@ def plugin_config() -> dict[str, Any]:
                           f"({e}). Fix: {INSTALL}, or launch with FSDP2 / data parallel instead.") from None
     from accelerate.utils import DeepSpeedPlugin
 
-    return copy.deepcopy(DeepSpeedPlugin().deepspeed_config)
+    config = copy.deepcopy(DeepSpeedPlugin().deepspeed_config)
+    path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    if path != "none" and "gradient_accumulation_steps" not in json.loads(Path(path).read_text()):
+        config["gradient_accumulation_steps"] = "auto"  # accelerate writes 1 where the file says nothing
+    return config
 
 
 def check_env() -> None:
@@ -134,6 +139,9 @@ def engine_config(cfg: Any, world: int, config: dict[str, Any] | None = None) ->
 
 def check_config(cfg: Any, world: int) -> None:
     """What DeepSpeed on ``world`` processes cannot run, named before any model loads."""
+    if cfg.algorithm == "dpo":
+        raise ConfigError(f"algorithm='dpo' with DeepSpeed on {world} processes is not supported (DPO's loop takes "
+                          f"its own optimizer steps). Fix: launch DPO data parallel (--multi_gpu).")
     if cfg.use_peft:
         raise ConfigError(f"use_peft=true with DeepSpeed on {world} processes is not supported. Fix: launch data "
                           f"parallel (--multi_gpu; LoRA's optimizer state is small), or use_peft=false.")
@@ -199,16 +207,19 @@ def gathered(engine: Any) -> Iterator[None]:
     if offload is None:  # ZeRO-2: parameters are whole already
         yield
         return
-    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-        for p in engine.module.parameters():
+    root = offload.module
+    with deepspeed.zero.GatheredParameters(list(root.parameters())):
+        for p in root.parameters():
             p.ds_active_sub_modules.clear()
-        for hook in offload.forward_hooks + offload.backward_hooks:
+        start = root._forward_pre_hooks[offload.fwd_pre_hook.id]  # its step reset syncs the ranks
+        for hook in [offload.fwd_pre_hook, *offload.forward_hooks, *offload.backward_hooks]:
             hook.remove()
         offload.forward_hooks, offload.backward_hooks = [], []
         try:
             yield
-        finally:
-            offload._register_deepspeed_module(offload.module)
+        finally:  # as DeepSpeed set them up: the step reset first, then every module's hooks (same ids)
+            offload.fwd_pre_hook = root.register_forward_pre_hook(start)
+            offload._register_deepspeed_module(root, count=[0])
 
 
 class ZeroSharding:

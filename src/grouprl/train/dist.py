@@ -331,19 +331,17 @@ def check_config(cfg: Any, world: int) -> None:
     """What N processes cannot run, named before any model loads. Data parallel runs everything (dynamic
     sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``train.round``;
     ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives); FSDP and DeepSpeed have
-    their own limits (``train.fsdp.check_config``, ``train.deepspeed.check_config``). PPO (``train.ppo``, its own loop with a critic) runs on one process."""
+    their own limits (``check_config`` in ``train.fsdp``, ``train.deepspeed``). PPO (``train.ppo``, its own
+    loop with a critic) runs on one process."""
     if world > 1 and cfg.algorithm == "ppo":
         raise ConfigError(f"algorithm='ppo' with {world} processes is not supported (its loop and critic run on "
                           f"one process). Fix: launch one process, or algorithm=grpo / gspo / dpo, which run on "
                           f"several.")
-    if world > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
-        from grouprl.train.fsdp import check_config as check_fsdp
+    from grouprl.train import deepspeed, fsdp
 
-        check_fsdp(cfg, world)
-    if world > 1 and os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
-        from grouprl.train.deepspeed import check_config as check_deepspeed
-
-        check_deepspeed(cfg, world)
+    for plugin in (fsdp, deepspeed):
+        if world > 1 and plugin.requested():
+            plugin.check_config(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
