@@ -310,3 +310,23 @@ def test_deepspeed_refuses_what_it_does_not_run(monkeypatch):
                        (dict(algorithm="dpo"), "algorithm='dpo' with DeepSpeed")]:
         with pytest.raises(ConfigError, match=match):
             check_config(GRPOConfig(**bad), 2)
+
+
+def test_a_checkpoint_of_another_stage_or_without_deepspeed_is_refused_with_the_fix(tmp_path):
+    """Checked before DeepSpeed reads anything (its own error would be a bare AssertionError)."""
+    from types import SimpleNamespace
+
+    from grouprl.errors import ConfigError
+    from grouprl.train.dist import Dist
+
+    zero = tmp_path / "checkpoint-4" / "deepspeed" / "zero"  # what ZeRO-2 on 2 ranks writes
+    zero.mkdir(parents=True)
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                 "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
+        (zero / name).touch()
+    d = Dist()
+    d.world, d.engine = 2, SimpleNamespace(zero_optimization_stage=lambda: 3)
+    with pytest.raises(ConfigError, match="ZeRO-2 checkpoint; this run is configured for ZeRO-3.*zero_stage: 2"):
+        d.load_zero(zero.parent)
+    with pytest.raises(ConfigError, match="saved without DeepSpeed.*model_name_or_path="):
+        d.load_zero(tmp_path / "plain" / "deepspeed")

@@ -197,6 +197,11 @@ def checkpoint_ranks(folder: Path) -> int:
     return len(list((folder / TAG).glob("*optim_states.pt")))
 
 
+def checkpoint_stage(folder: Path) -> int:
+    """The ZeRO stage of the DeepSpeed checkpoint in ``folder``: ZeRO-3 writes a model-states file per rank."""
+    return 3 if list((folder / TAG).glob("zero_pp_rank_*_model_states.pt")) else 2
+
+
 @contextmanager
 def gathered(engine: Any) -> Iterator[None]:
     """ZeRO-3: every parameter whole on every rank and the module hooks off for the block (no collective
@@ -296,6 +301,12 @@ class ZeroSharding:
                 f"(then model_name_or_path=weights/ with the checkpoint's config.json; optimizer state is lost). "
                 f"DeepSpeed's universal checkpoints (python -m deepspeed.checkpoint.ds_to_universal) are not "
                 f"wired in.")
+        stage, now = checkpoint_stage(folder), self.engine.zero_optimization_stage()
+        if stage != now:
+            raise ConfigError(f"{folder} is a DeepSpeed ZeRO-{stage} checkpoint; this run is configured for ZeRO-{now}. "
+                              f"Fix: resume with the accelerate config that wrote it (zero_stage: {stage}, e.g. "
+                              f"examples/accelerate/zero{stage}.yaml), or take its weights with "
+                              f"python {folder / 'zero_to_fp32.py'} {folder} weights/ --tag {TAG}.")
         self.check()
         with self.failures():
             path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
