@@ -262,7 +262,9 @@ def test_batch_fields_come_from_grouprl_and_a_contradiction_names_both(monkeypat
     got = engine_config(cfg, 2)
     assert (got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"], got["train_batch_size"],
             got["gradient_clipping"]) == (4, 2, 16, 0.5)
-    assert got["zero_optimization"]["stage"] == 3 and "auto" not in json.dumps(got)
+    assert got["zero_optimization"]["stage"] == 3 and "auto" not in json.dumps(got) and "torch_autocast" not in got
+    assert engine_config(cfg, 2, bf16_autocast=True)["torch_autocast"] == {  # bf16: true on a GPU
+        "enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}  # no bf16 gradient reduction
     monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1")  # what `accelerate config` writes
     with pytest.raises(ConfigError, match="gradient_accumulation_steps=1, but grouprl's gradient_accumulation_steps "
                                           "gives 2.*leave gradient_accumulation_steps out"):

@@ -20,7 +20,9 @@ micro-batch with weight 0 (zero gradient). The last backward is the accumulation
 engine's ZeRO optimizer clips by the global norm (``gradient_clipping``) and steps grouprl's optimizer
 (AdamW of ``build_optimizer``, on the ZeRO partitions), and grouprl's schedule steps unless the step was
 skipped. A non-finite loss on any rank makes the boundary backward NaN, so ZeRO's overflow check skips
-the step exactly as ``train.step.optimizer_step`` does (no optimizer or schedule move).
+the step exactly as ``train.step.optimizer_step`` does (no optimizer or schedule move). The micro-batch
+forwards go through the engine (its backward hooks need it), so the chunked LM-head log-softmax is not
+used; grouprl's bf16 autocast is kept inside it through DeepSpeed's ``torch_autocast`` (fp32 reductions).
 
 Generation and evaluation (ZeRO-3): inside :meth:`ZeroSharding.full_weights` every parameter is gathered
 (``deepspeed.zero.GatheredParameters``) and ZeRO-3's module hooks are removed, so the lean sampler reads
@@ -114,10 +116,15 @@ BATCH_FIELDS = {"train_micro_batch_size_per_gpu": "per_device_train_batch_size",
                 "gradient_clipping": "max_grad_norm"}
 
 
-def engine_config(cfg: Any, world: int, config: dict[str, Any] | None = None) -> dict[str, Any]:
+def engine_config(cfg: Any, world: int, config: dict[str, Any] | None = None, *,
+                  bf16_autocast: bool = False) -> dict[str, Any]:
     """accelerate's DeepSpeed config with the batch fields and clipping taken from grouprl's ``cfg``;
-    a field the user set to another value is refused (``auto`` or absent is filled)."""
+    a field the user set to another value is refused (``auto`` or absent is filled). ``bf16_autocast``
+    (grouprl's ``bf16: true`` on a GPU): the engine's forward keeps grouprl's bf16 autocast (DeepSpeed
+    switches an outer autocast off unless its ``torch_autocast`` is on), every gradient still reduced in fp32."""
     config = plugin_config() if config is None else copy.deepcopy(config)
+    if bf16_autocast:
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
     per, ga = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
     ours = {"train_micro_batch_size_per_gpu": per, "gradient_accumulation_steps": ga,
             "train_batch_size": per * ga * world, "gradient_clipping": float(max(cfg.max_grad_norm, 0.0))}
@@ -243,7 +250,9 @@ class ZeroSharding:
 
         warnings.filterwarnings("ignore", category=FutureWarning,  # once per collective DeepSpeed calls
                                 message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is")
-        config = engine_config(cfg, self.world)
+        device = next(model.parameters()).device
+        bf16 = bool(cfg.bf16) and device.type == "cuda" and torch.cuda.is_bf16_supported()  # autocast_factory's rule
+        config = engine_config(cfg, self.world, bf16_autocast=bf16)
         self.check()
         with self.failures():
             self.engine = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
