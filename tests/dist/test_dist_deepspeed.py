@@ -328,7 +328,72 @@ def test_a_checkpoint_of_another_stage_or_without_deepspeed_is_refused_with_the_
         (zero / name).touch()
     d = Dist()
     d.world, d.engine = 2, SimpleNamespace(zero_optimization_stage=lambda: 3)
-    with pytest.raises(ConfigError, match="ZeRO-2 checkpoint; this run is configured for ZeRO-3.*zero_stage: 2"):
+    with pytest.raises(ConfigError, match="ZeRO-2 checkpoint written by 2 ranks; this run is configured for ZeRO-3"
+                                          ".*zero_stage: 2.*--num_processes 2.*zero_to_fp32.py"):
+        d.load_zero(zero.parent)
+    (zero / "mp_rank_00_model_states.pt").unlink()  # what ZeRO-3 on 2 ranks writes: model states per rank
+    for r in (0, 1):
+        (zero / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt").touch()
+    d.world = 3
+    with pytest.raises(ConfigError, match="ZeRO-3 checkpoint resumes on as many ranks only, not 3"):
         d.load_zero(zero.parent)
     with pytest.raises(ConfigError, match="saved without DeepSpeed.*model_name_or_path="):
         d.load_zero(tmp_path / "plain" / "deepspeed")
+
+
+# ---- a ZeRO-2 checkpoint of 2 ranks resumes on 3 (DeepSpeed's universal checkpoint) --------------------------
+def adamw_engine(model_dir: str) -> tuple:
+    """The tiny policy and grouprl's AdamW in a ZeRO-2 engine on this rank."""
+    from transformers import AutoModelForCausalLM
+
+    from grouprl.config import GRPOConfig
+    from grouprl.train import dist
+    from grouprl.train.model import build_optimizer
+
+    os.environ.update(run_env(2))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    cfg = GRPOConfig(learning_rate=1e-3, max_steps=4)
+    optimizer, _ = build_optimizer(model, cfg, 4)
+    assert dist.current().zero_init(model, optimizer, cfg)
+    return dist.current(), model
+
+
+def zero_state(model) -> dict:
+    """Every parameter and its AdamW moments, whole (DeepSpeed's fragment gathering; every rank calls it)."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    return {k: [safe_get_full_fp32_param(p).clone()] + [safe_get_full_optimizer_state(p, m).clone()
+                                                        for m in ("exp_avg", "exp_avg_sq")]
+            for k, p in model.named_parameters()}
+
+
+def zero2_save(model_dir: str, out: str) -> dict:
+    """Two ranks: one AdamW step on a random batch, then the DeepSpeed checkpoint (``Dist.save_shards``)."""
+    d, model = adamw_engine(model_dir)
+    ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(d.rank))
+    d.engine.backward(d.engine(input_ids=ids, labels=ids).loss)
+    d.engine.step()
+    assert d.save_shards(out, 1, model, None)
+    return zero_state(model)
+
+
+def zero2_load(model_dir: str, folder: str) -> dict:
+    from pathlib import Path
+
+    d, model = adamw_engine(model_dir)
+    d.load_zero(Path(folder))
+    return zero_state(model)
+
+
+def test_zero2_checkpoint_resumes_on_another_rank_count_exactly(tiny_model_dir, tmp_path):
+    """Saved on 2 ranks, loaded on 3: rank 0 converts it once (ds_to_universal) and every rank's fp32
+    weights and AdamW moments are exactly the saved ones."""
+    saved = values(run_ranks(zero2_save, 2, str(tiny_model_dir), str(tmp_path / "out"), workdir=tmp_path / "a",
+                             timeout=200))[0]
+    folder = tmp_path / "out" / ".tmp-checkpoint-1" / "deepspeed"
+    loaded = values(run_ranks(zero2_load, 3, str(tiny_model_dir), str(folder), workdir=tmp_path / "b", timeout=200))
+    assert (folder / "universal" / "zero").is_dir()
+    for got in loaded:
+        assert got.keys() == saved.keys()
+        assert all(torch.equal(a, b) for k in saved for a, b in zip(got[k], saved[k]))

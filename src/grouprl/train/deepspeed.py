@@ -55,6 +55,7 @@ from grouprl.errors import ConfigError, GroupRLError
 ENV = "ACCELERATE_USE_DEEPSPEED"
 FOLDER = "deepspeed"  # DeepSpeed's checkpoint inside a grouprl checkpoint
 TAG = "zero"
+UNIVERSAL = "universal"  # the tag of its universal conversion (another rank count / stage)
 INSTALL = "pip install 'grouprl[deepspeed]'"
 
 
@@ -293,35 +294,65 @@ class ZeroSharding:
         self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
         self.check()
         with self.failures():
-            self.engine.save_checkpoint(str(tmp / FOLDER), tag=TAG)
+            self.engine.save_checkpoint(str(tmp / FOLDER), tag=TAG, client_state={"universal_checkpoint_info": {}})
         return True
 
     def load_zero(self, folder: Path) -> None:
-        """Model and optimizer partitions from a DeepSpeed checkpoint written by as many ranks as run now."""
+        """Model and optimizer partitions from a DeepSpeed checkpoint written with the same ZeRO stage: on the
+        same number of ranks as saved; ZeRO-2 also on another number, through DeepSpeed's universal checkpoint
+        (converted once by rank 0, :func:`to_universal`). Anything else is refused with the fix."""
         if not folder.is_dir():
             no_plain_resume(folder.parent)
-        saved = checkpoint_ranks(folder)
-        if self.engine is None or saved != self.world:
-            now = f"{self.world} DeepSpeed ranks" if self.engine is not None else "a run without DeepSpeed"
-            raise ConfigError(
-                f"{folder} is a DeepSpeed ZeRO checkpoint written by {saved} ranks; it resumes on exactly as many "
-                f"DeepSpeed ranks, not {now}. Fix: resume with --num_processes {saved} and the same accelerate "
-                f"config, or take its weights: python {folder / 'zero_to_fp32.py'} {folder} weights/ --tag {TAG} "
-                f"(then model_name_or_path=weights/ with the checkpoint's config.json; optimizer state is lost). "
-                f"DeepSpeed's universal checkpoints (python -m deepspeed.checkpoint.ds_to_universal) are not "
-                f"wired in.")
-        stage, now = checkpoint_stage(folder), self.engine.zero_optimization_stage()
+        saved, stage = checkpoint_ranks(folder), checkpoint_stage(folder)
+        if self.engine is None:
+            refuse(folder, saved, stage, "it resumes under DeepSpeed only")
+        now = self.engine.zero_optimization_stage()
         if stage != now:
-            raise ConfigError(f"{folder} is a DeepSpeed ZeRO-{stage} checkpoint; this run is configured for ZeRO-{now}. "
-                              f"Fix: resume with the accelerate config that wrote it (zero_stage: {stage}, e.g. "
-                              f"examples/accelerate/zero{stage}.yaml), or take its weights with "
-                              f"python {folder / 'zero_to_fp32.py'} {folder} weights/ --tag {TAG}.")
+            refuse(folder, saved, stage, f"this run is configured for ZeRO-{now}")
+        if saved != self.world and stage == 3:
+            refuse(folder, saved, stage, f"a ZeRO-3 checkpoint resumes on as many ranks only, not {self.world}")
+        tag = self.on_main(to_universal, folder) if saved != self.world else TAG  # ZeRO-2, N -> M ranks
         self.check()
         with self.failures():
-            path, _ = self.engine.load_checkpoint(str(folder), tag=TAG, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False, load_module_strict=True)
+            self.engine._config.load_universal_checkpoint = tag != TAG
+            try:
+                path, _ = self.engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False, load_module_strict=True)
+            finally:
+                self.engine._config.load_universal_checkpoint = False
         if path is None:
-            raise ConfigError(f"DeepSpeed could not load its checkpoint from {folder} (tag {TAG!r}).")
+            raise ConfigError(f"DeepSpeed could not load its checkpoint from {folder} (tag {tag!r}).")
+
+
+def refuse(folder: Path, saved: int, stage: int, why: str) -> None:
+    """A DeepSpeed checkpoint this run cannot resume: the error names how to resume it or take its weights."""
+    raise ConfigError(f"{folder} is a DeepSpeed ZeRO-{stage} checkpoint written by {saved} ranks; {why}. Fix: resume "
+                      f"with the accelerate config that wrote it (zero_stage: {stage}, e.g. "
+                      f"examples/accelerate/zero{stage}.yaml) and --num_processes {saved}, or take its weights: "
+                      f"python {folder / 'zero_to_fp32.py'} {folder} weights/ --tag {TAG} (then model_name_or_path="
+                      f"weights/ with the checkpoint's config.json; the optimizer state is lost).")
+
+
+def to_universal(folder: Path) -> str:
+    """DeepSpeed's universal checkpoint of ``folder`` (``python -m deepspeed.checkpoint.ds_to_universal``),
+    written once into ``folder/universal``; returns its tag. A ZeRO-2 engine loads it on any number of ranks
+    (DeepSpeed 0.19.8 does not load one into ZeRO-3: it looks for per-rank ZeRO-3 model-state files)."""
+    import shutil
+    import subprocess
+
+    out, tmp = folder / UNIVERSAL, folder / f".{UNIVERSAL}-tmp"
+    if (out / "zero").is_dir():
+        return UNIVERSAL
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(folder / TAG),
+           "--output_folder", str(tmp), "--num_extract_workers", "1", "--num_merge_workers", "1"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if run.returncode != 0:
+        tail = (run.stderr or run.stdout).strip().splitlines()[-1:]
+        refuse(folder, checkpoint_ranks(folder), 2, f"converting it to a universal checkpoint for another rank count "
+                                                   f"failed ({' '.join(cmd[1:3])}: {tail})")
+    tmp.rename(out)
+    return UNIVERSAL
 
 
 def no_plain_resume(path: Path) -> None:
