@@ -31,10 +31,11 @@ full policy on every rank while generating. The reference model (``kl_coef > 0``
 copy on every rank (``ref_dtype``), never partitioned. ZeRO-2 keeps whole parameters on every rank.
 
 Checkpoints: DeepSpeed's own ``engine.save_checkpoint`` into ``<checkpoint>/deepspeed`` (every rank writes
-its optimizer partitions; ZeRO-3 its parameter partitions too), read back by ``engine.load_checkpoint`` on
-the same number of ranks; another rank count is refused with the fix (DeepSpeed's
-``ds_to_universal`` or ``zero_to_fp32.py``). ``final/`` is a plain ``save_pretrained`` folder of the full
-weights gathered on rank 0.
+its optimizer partitions; ZeRO-3 its parameter partitions too), read back by ``engine.load_checkpoint``: on
+the same number of ranks as saved; a ZeRO-2 checkpoint also on another number, through DeepSpeed's
+universal checkpoint (``ds_to_universal``, converted once by rank 0 into ``<checkpoint>/deepspeed/universal``).
+Another ZeRO stage, ZeRO-3 on another rank count, or a run without DeepSpeed is refused with the fix
+(``zero_to_fp32.py``). ``final/`` is a plain ``save_pretrained`` folder of the full weights gathered on rank 0.
 """
 
 from __future__ import annotations
