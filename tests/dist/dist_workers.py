@@ -37,7 +37,7 @@ def global_rollout(vocab: int, T: int = 7) -> Rollout:
 
 
 def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd", *, world: int,
-                    rank: int, prepare: Any = None) -> dict[str, torch.Tensor]:
+                    rank: int, prepare: Any = None, ready: Any = None) -> dict[str, torch.Tensor]:
     """Two optimizer steps where this process holds the ``rank``-th of ``world`` equal contiguous shares
     of each global step's 8 rows, split into ``ga`` micro-batches.
 
@@ -45,8 +45,8 @@ def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd
     times too large or small shows), so parameters differ by lr x the gradient's fp32 summation-order
     noise. ``'sgd_clip'``: the same with max_grad_norm 0.5 (clipping by the global norm). ``'adamw'`` (the trainer's optimizer) divides by sqrt(v): where a gradient
     is ~0 the same noise moves a parameter by up to lr, so it is compared with a looser bound.
-    ``prepare(model)`` (e.g. FSDP sharding) runs before the optimizer is built; the trained model is returned
-    under the key ``None`` when it is given."""
+    ``prepare(model)`` (e.g. FSDP sharding) runs before the optimizer is built, ``ready(model, optimizer, cfg)``
+    (e.g. a DeepSpeed engine) after; the trained model is returned under the key ``None`` when one is given."""
     from transformers import AutoModelForCausalLM
 
     load_builtins()
@@ -64,13 +64,15 @@ def train_two_steps(model_dir: str, aggregation: str, ga: int, optim: str = "sgd
     if optim.startswith("sgd"):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    if ready is not None:
+        ready(model, optimizer, cfg)
     ctx = RunContext(cfg, model, None, None, None, None, None, contextlib.nullcontext, None)
     rollout = global_rollout(model.config.vocab_size)
     for step in range(STEPS):
         rows = list(range(step * ROWS_PER_STEP + rank * share, step * ROWS_PER_STEP + (rank + 1) * share))
         mbs = micro_batches(ctx, RoundBatch(rollout.select(rows), ADV[rows]), Timers())
         optimizer_step(ctx, mbs, spec, optimizer, scheduler, Timers())
-    if prepare is not None:
+    if prepare is not None or ready is not None:
         return {None: model}
     return {k: v.detach().clone() for k, v in model.named_parameters()}
 

@@ -26,14 +26,6 @@ def test_fsdp2_is_accepted_fsdp1_and_offloading_are_refused(monkeypatch):
         check_env()
 
 
-def test_deepspeed_is_refused_naming_fsdp2(monkeypatch):
-    from grouprl.train import dist
-
-    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
-    with pytest.raises(ConfigError, match="DeepSpeed.*FSDP2.*examples/accelerate/fsdp2.yaml"):
-        dist._partial_state()
-
-
 def test_fsdp_refuses_what_it_cannot_shard(monkeypatch):
     from grouprl.train.dist import check_config
 

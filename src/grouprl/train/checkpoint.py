@@ -7,6 +7,8 @@ Layout of ``<output_dir>/checkpoint-<step>/``:
 A run sharded with FSDP (``grouprl.train.fsdp``) writes instead of the model files and the optimizer
 state ``distcp/`` (torch.distributed.checkpoint: every rank's shards of the model and the optimizer,
 loadable on any number of ranks, or one process) next to ``config.json``; ``trainer_state.pt`` keeps the rest.
+A DeepSpeed ZeRO run (``grouprl.train.deepspeed``) writes ``deepspeed/`` instead (``engine.save_checkpoint``;
+it resumes on the same number of ranks, ZeRO-2 also on another through DeepSpeed's universal checkpoint).
 A checkpoint is written to ``.tmp-checkpoint-<step>``, flushed to disk (fsync) and renamed when complete;
 ``final/`` likewise (:func:`save_final_atomic`), so a kill never leaves a folder that looks finished.
 The state also records the byte lengths of ``metrics.jsonl`` / ``samples.jsonl`` at the save
@@ -224,6 +226,8 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
         from grouprl.train.fsdp import load_shards
 
         load_shards(path / "distcp", model, optimizer)
+    elif (path / "deepspeed").is_dir() or _ranks().engine is not None:  # DeepSpeed ZeRO (train/deepspeed.py)
+        _ranks().load_zero(path / "deepspeed")
     else:
         _load_plain(path, model, optimizer, state.pop("optimizer"))
     state.pop("optimizer", None)
@@ -232,6 +236,12 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     if state.get("round") is not None:
         state["round"] = to_device(state["round"], next(model.parameters()).device)
     return state
+
+
+def _ranks() -> Any:
+    from grouprl.train import dist
+
+    return dist.current()
 
 
 def to_device(obj: Any, device: torch.device | str) -> Any:

@@ -20,7 +20,8 @@ What N processes mean (``docs/DISTRIBUTED.md``):
   ranks may run different numbers of micro-batch backwards (dynamic sampling ``drop``).
   Hand-written because it is ~10 lines and exact. With FSDP2 (``train/fsdp.py``, when accelerate is
   configured for it) the weights and optimizer states are sharded instead, and FSDP's reduce-scatter sums
-  the gradients (its division by N switched off); DeepSpeed is not supported.
+  the gradients (its division by N switched off); with DeepSpeed ZeRO-2/3 (``train/deepspeed.py``) its
+  engine reduces and steps, each backward of N x the loss.
 * Failures. Every collective here first all-reduces an error flag. A rank that raises calls
   :meth:`Dist.fail` from :meth:`Dist.failures`, which joins that flag with 1 and sends its message; the
   other ranks, at their next collective, raise :class:`PeerFailure` naming the rank and the error.
@@ -40,6 +41,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
+from grouprl.train.deepspeed import ZeroSharding
 from grouprl.train.fsdp import Sharding
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
@@ -52,7 +54,7 @@ class PeerFailure(GroupRLError, RuntimeError):
     """Another rank raised; this rank stops with that rank's error."""
 
 
-class Dist(Sharding):
+class Dist(ZeroSharding, Sharding):
     """This process's place in the run: ``rank`` of ``world``; collectives that are no-ops alone."""
 
     def __init__(self, state: Any = None) -> None:
@@ -328,16 +330,18 @@ class NullLogger:
 def check_config(cfg: Any, world: int) -> None:
     """What N processes cannot run, named before any model loads. Data parallel runs everything (dynamic
     sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``train.round``;
-    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives); FSDP has its own limits
-    (``train.fsdp.check_config``). PPO (``train.ppo``, its own loop with a critic) runs on one process."""
+    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives); FSDP and DeepSpeed have
+    their own limits (``check_config`` in ``train.fsdp``, ``train.deepspeed``). PPO (``train.ppo``, its own
+    loop with a critic) runs on one process."""
     if world > 1 and cfg.algorithm == "ppo":
         raise ConfigError(f"algorithm='ppo' with {world} processes is not supported (its loop and critic run on "
                           f"one process). Fix: launch one process, or algorithm=grpo / gspo / dpo, which run on "
                           f"several.")
-    if world > 1 and os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
-        from grouprl.train.fsdp import check_config as check_fsdp
+    from grouprl.train import deepspeed, fsdp
 
-        check_fsdp(cfg, world)
+    for plugin in (fsdp, deepspeed):
+        if world > 1 and plugin.requested():
+            plugin.check_config(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -368,10 +372,9 @@ def _partial_state() -> Any:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds (e.g. {TIMEOUT_ENV}=600).") from None
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
-        raise ConfigError("accelerate is configured for DeepSpeed (ACCELERATE_USE_DEEPSPEED=true), which grouprl "
-                          "does not support. Fix: shard with FSDP2 instead (accelerate launch --config_file "
-                          "examples/accelerate/fsdp2.yaml ...), or launch data parallel without --use_deepspeed; "
-                          "see docs/DISTRIBUTED.md.")
+        from grouprl.train.deepspeed import check_env as check_deepspeed
+
+        check_deepspeed()  # ZeRO-2/3, no offloading, no DeepSpeed fp16/bf16
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
         from grouprl.train.fsdp import check_env
 

@@ -85,6 +85,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
+    ranks.zero_init(model, optimizer, cfg)  # DeepSpeed ZeRO-2/3 when accelerate is configured for it (train/deepspeed.py)
 
     resume_path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
