@@ -46,6 +46,11 @@ def test_gpu_check_children_report_their_figures_on_cpu(gpu_check, tiny_model_di
     from metrics.jsonl exist, and the vLLM run reports the mismatch metrics."""
     import fake_vllm
 
+    from grouprl.train import precision
+
+    # the script asks for bf16, meant for a GPU (generation under autocast: the trainer's own sampler); on a CPU
+    # with bf16 instructions ``rollout_dtype: auto`` would sample from a bf16 copy instead, so say "no bf16 CPU"
+    monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)
     hf = gpu_check.run_child("transformers", tiny_model_dir, 1, None)
     assert hf["rollout_tokens_per_s"] > 0 and len(hf["step_time_s"]) == 1
     assert "mismatch/is_weight_mean" not in hf  # the trainer sampled: no correction
