@@ -31,18 +31,16 @@ def ds_env(stage: int) -> dict[str, str]:
             "DS_ACCELERATOR": "cpu"}
 
 
-def run_env(stage: int) -> dict[str, str]:
-    """ZeRO-2: accelerate's variables. ZeRO-3: a DeepSpeed JSON (``deepspeed_config_file``) that partitions
-    EVERY parameter (``stage3_param_persistence_threshold: 0``; by default DeepSpeed keeps parameters under
-    1e5 elements -- most of a tiny model -- whole on every rank)."""
+def run_env(stage: int, folder: str | None = None) -> dict[str, str]:
+    """ZeRO-2: accelerate's variables. ZeRO-3: a DeepSpeed JSON (``deepspeed_config_file``, written into
+    ``folder``, the test's own temporary folder) that partitions EVERY parameter
+    (``stage3_param_persistence_threshold: 0``; by default DeepSpeed keeps parameters under 1e5 elements --
+    most of a tiny model -- whole on every rank)."""
     if stage == 2:
         return ds_env(2)
-    import tempfile
-
-    path = os.path.join(tempfile.gettempdir(), f"grouprl-zero3-{os.getppid()}-{os.getpid()}.json")
-    with open(path + ".tmp", "w") as f:
+    path = os.path.join(folder, f"zero3-{os.getpid()}.json")
+    with open(path, "w") as f:
         json.dump({"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}, f)
-    os.replace(path + ".tmp", path)
     return {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_CONFIG_FILE": path, "DS_ACCELERATOR": "cpu"}
 
 
@@ -106,8 +104,8 @@ def generates_whole(model_dir: str) -> dict:
     return out
 
 
-def all_cases(model_dir: str, stage: int, cases: list) -> dict:
-    os.environ.update(run_env(stage))
+def all_cases(model_dir: str, stage: int, cases: list, folder: str) -> dict:
+    os.environ.update(run_env(stage, folder))
     out: dict = {case: zero_two_steps(model_dir, *case) for case in cases}
     out["generate"] = generates_whole(model_dir)
     return out
@@ -115,8 +113,9 @@ def all_cases(model_dir: str, stage: int, cases: list) -> dict:
 
 @pytest.fixture(scope="module", params=[2, 3])
 def zero_ranks(request, tiny_model_dir, tmp_path_factory):
-    results = run_ranks(all_cases, 2, str(tiny_model_dir), request.param, CASES,
-                        workdir=tmp_path_factory.mktemp(f"zero{request.param}"), timeout=300)
+    workdir = tmp_path_factory.mktemp(f"zero{request.param}")
+    results = run_ranks(all_cases, 2, str(tiny_model_dir), request.param, CASES, str(workdir),
+                        workdir=workdir, timeout=300)
     return request.param, values(results)
 
 
@@ -165,7 +164,7 @@ def zero_training(model_dir: str, output_dir: str, resume: str | None = None, st
     """One GRPOTrainer run on this rank (DeepSpeed ZeRO-``stage`` unless None): its whole weights and result,
     or the error it stopped with."""
     if stage is not None:
-        os.environ.update(run_env(stage))
+        os.environ.update(run_env(stage, os.path.dirname(output_dir)))
     from grouprl.train import GRPOTrainer, dist
 
     cfg = run_config(model_dir, output_dir, **RUN)
