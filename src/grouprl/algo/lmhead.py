@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["linear_log_softmax"]
+__all__ = ["KEEP_SOFTMAX_BYTES", "linear_log_softmax"]
+
+# Softmax bytes per call kept from the forward for the backward (see linear_log_softmax's ``keep_bytes``).
+KEEP_SOFTMAX_BYTES = 512 * 2**20
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
@@ -32,10 +35,11 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
-    """Forward saves ``h``, ``W``, the index and one fp32 logsumexp per row; backward recomputes logits."""
+    """Forward saves ``h``, ``W``, the index, one fp32 logsumexp per row and, within ``keep_bytes``, the
+    softmax of the first chunks; backward recomputes the logits of the other chunks."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, index, temperature, chunk_size, compute_dtype, with_entropy):
+    def forward(ctx, hidden, weight, bias, index, temperature, chunk_size, compute_dtype, with_entropy, keep_bytes):
         rows = hidden.shape[0]
         dev = hidden.device
         w = weight.to(compute_dtype)
@@ -44,15 +48,23 @@ class _LinearLogSoftmax(torch.autograd.Function):
         lse = torch.empty(rows, dtype=out, device=dev)
         logp = torch.empty(rows, dtype=out, device=dev)
         entropy = torch.empty(rows if with_entropy else 0, dtype=out, device=dev)
+        kept, budget = [], keep_bytes
         for start in range(0, rows, chunk_size):
             sl = slice(start, start + chunk_size)
             z = _chunk_logits(hidden[sl].to(compute_dtype), w, b, temperature)
             lse[sl] = torch.logsumexp(z, dim=-1)
             logp[sl] = z.gather(-1, index[sl, None])[:, 0] - lse[sl]
-            if with_entropy:  # H = lse - sum p z
-                entropy[sl] = lse[sl] - torch.softmax(z, dim=-1).mul_(z).sum(dim=-1)
+            keep = z.numel() * z.element_size() <= budget
+            if keep or with_entropy:
+                logq = z.sub_(lse[sl, None])  # log softmax, in place of z
+                p = logq.exp()
+                if with_entropy:  # H = -sum p log p (no cancellation, unlike lse - sum p z)
+                    entropy[sl] = -torch.linalg.vecdot(p, logq)
+            if keep:  # the backward's softmax: one [rows, V] matmul less for this chunk
+                kept.append(p)
+                budget -= p.numel() * p.element_size()
         ctx.save_for_backward(hidden, weight, bias, index, lse)
-        ctx.temperature, ctx.chunk_size, ctx.compute_dtype = temperature, chunk_size, compute_dtype
+        ctx.temperature, ctx.chunk_size, ctx.compute_dtype, ctx.kept = temperature, chunk_size, compute_dtype, kept
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -68,13 +80,16 @@ class _LinearLogSoftmax(torch.autograd.Function):
         acc = lse.dtype  # fp32 accumulation across chunks (fp64 for fp64 inputs)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
+        for i, start in enumerate(range(0, hidden.shape[0], ctx.chunk_size)):
             sl = slice(start, start + ctx.chunk_size)
             h = hidden[sl].to(cd)
             g_out = grad_logp[sl, None].to(acc)
             # d logp / d z = onehot - softmax(z); times 1/tau for the raw logits W h (+ b)
-            g = _chunk_logits(h, w, b, tau).sub_(lse[sl, None]).exp_().mul_(-g_out / tau)
-            g.scatter_add_(-1, index[sl, None], g_out / tau)
+            if i < len(ctx.kept) and ctx.kept[i] is not None:  # the forward's softmax, freed as it is used
+                g, ctx.kept[i] = ctx.kept[i], None
+            else:  # not kept (or a second backward with retain_graph): recompute
+                g = _chunk_logits(h, w, b, tau).sub_(lse[sl, None]).exp_()
+            g.mul_(-g_out / tau).scatter_add_(-1, index[sl, None], g_out / tau)
             if need_h:
                 grad_h[sl] = (g.to(cd) @ w).to(hidden.dtype)
             if need_w and cd == acc:
@@ -85,12 +100,13 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 grad_b += g.sum(dim=0)
         grad_w = None if grad_w is None else grad_w.to(weight.dtype)
         grad_b = None if grad_b is None else grad_b.to(bias.dtype)
-        return grad_h, grad_w, grad_b, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
 def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.Tensor, *,
                        bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 1024,
-                       compute_dtype: torch.dtype | None = None, with_entropy: bool = False):
+                       compute_dtype: torch.dtype | None = None, with_entropy: bool = False,
+                       keep_bytes: int = KEEP_SOFTMAX_BYTES):
     """``log softmax((hidden @ weight.T + bias) / temperature)[index]`` without the full logits.
 
     Shapes: ``hidden [..., H]``, ``weight [V, H]`` (an LM head / tied embedding), ``bias [V]`` or None,
@@ -98,7 +114,13 @@ def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.
     ``chunk_size`` rows at a time go through the head, in the forward and the backward. The matmul runs in
     ``compute_dtype`` (default: the weight's), the softmax in fp32 after dividing by ``temperature``.
     Differentiable (once) with respect to ``hidden``, ``weight`` and ``bias``; the entropy
-    ``H = logsumexp(z) - sum softmax(z) z`` is a metric (no gradient).
+    ``H = -sum softmax(z) log softmax(z)`` is a metric (no gradient).
+
+    ``keep_bytes`` trades memory for time: the fp32 softmax of whole chunks, up to that many bytes in all, is
+    kept from the forward (where the log-probs and the entropy already compute it) for the backward, which
+    then skips that chunk's ``[chunk_size, V]`` recomputing matmul, a quarter of the head's arithmetic; the
+    other chunks are recomputed. Each kept chunk is freed as the backward uses it. ``0`` keeps nothing (the
+    least memory: a few ``[chunk_size, V]`` temporaries); nothing is kept without autograd (``no_grad``).
     """
     if hidden.shape[:-1] != index.shape or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear_log_softmax: hidden {tuple(hidden.shape)} must be index {tuple(index.shape)} "
@@ -108,6 +130,8 @@ def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_i = index.reshape(-1).to(torch.long)
     cd = weight.dtype if compute_dtype is None else compute_dtype
+    grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     logp, entropy = _LinearLogSoftmax.apply(flat_h, weight, bias, flat_i, float(temperature),
-                                            max(1, int(chunk_size)), cd, bool(with_entropy))
+                                            max(1, int(chunk_size)), cd, bool(with_entropy),
+                                            int(keep_bytes) if grad else 0)
     return logp.reshape(index.shape), entropy.reshape(index.shape) if with_entropy else None
