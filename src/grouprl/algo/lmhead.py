@@ -4,8 +4,12 @@ For a causal LM the log-prob of token ``y`` at a position with last hidden state
 ``log softmax(W h / tau)[y]``. Computed plainly, ``W h`` for every position is an ``[N, T, V]`` tensor
 (16 x 257 x 32768 fp32 = 540 MB for a 25M-parameter model with a 32k vocabulary; 5 GB for V = 151,936, T =
 1,024, N = 8), and autograd keeps it, its fp32 copy and the gradient of the same size for the backward.
-Here the rows (positions) go through the head ``chunk_size`` at a time, in the forward AND the backward
-(which recomputes each chunk's logits): the extra memory is a few ``[chunk_size, V]`` fp32 temporaries.
+Here the rows (positions) go through the head ``chunk_size`` at a time, in the forward AND the backward.
+The backward needs each chunk's softmax: the forward keeps it for the first chunks, up to ``keep_bytes``
+(:data:`KEEP_SOFTMAX_BYTES`, 512 MiB, by default: all of a 25M-parameter model's 8 x 256 x 32k micro-batch),
+and the backward recomputes the logits of the others (one more ``[chunk_size, H] x [H, V]`` matmul each, a
+third more head arithmetic). With ``keep_bytes=0`` the extra memory is a few ``[chunk_size, V]`` fp32
+temporaries.
 
 The gradient is written by hand (a fused linear + log-softmax, as Liger-Kernel's fused linear
 cross-entropy does on GPUs): with ``z = W h / tau`` and ``p = softmax(z)``,
@@ -60,9 +64,9 @@ class _LinearLogSoftmax(torch.autograd.Function):
                 p = logq.exp()
                 if with_entropy:  # H = -sum p log p (no cancellation, unlike lse - sum p z)
                     entropy[sl] = -torch.linalg.vecdot(p, logq)
-            if keep:  # the backward's softmax: one [rows, V] matmul less for this chunk
-                kept.append(p)
-                budget -= p.numel() * p.element_size()
+            # the backward's softmax, for the first chunks while they fit: one [rows, V] matmul less each
+            kept.append(p if keep else None)
+            budget = budget - p.numel() * p.element_size() if keep else 0
         ctx.save_for_backward(hidden, weight, bias, index, lse)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype, ctx.kept = temperature, chunk_size, compute_dtype, kept
         ctx.mark_non_differentiable(entropy)
@@ -103,10 +107,17 @@ class _LinearLogSoftmax(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None, None, None
 
 
+def _keep(keep_bytes: int | None) -> int:
+    keep = KEEP_SOFTMAX_BYTES if keep_bytes is None else keep_bytes
+    if keep < 0:
+        raise ValueError(f"linear_log_softmax: keep_bytes={keep} must be >= 0 (0 keeps nothing)")
+    return int(keep)
+
+
 def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.Tensor, *,
                        bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 1024,
                        compute_dtype: torch.dtype | None = None, with_entropy: bool = False,
-                       keep_bytes: int = KEEP_SOFTMAX_BYTES):
+                       keep_bytes: int | None = None):
     """``log softmax((hidden @ weight.T + bias) / temperature)[index]`` without the full logits.
 
     Shapes: ``hidden [..., H]``, ``weight [V, H]`` (an LM head / tied embedding), ``bias [V]`` or None,
@@ -120,7 +131,8 @@ def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.
     kept from the forward (where the log-probs and the entropy already compute it) for the backward, which
     then skips that chunk's ``[chunk_size, V]`` recomputing matmul, a quarter of the head's arithmetic; the
     other chunks are recomputed. Each kept chunk is freed as the backward uses it. ``0`` keeps nothing (the
-    least memory: a few ``[chunk_size, V]`` temporaries); nothing is kept without autograd (``no_grad``).
+    least memory: a few ``[chunk_size, V]`` temporaries); None (default) is :data:`KEEP_SOFTMAX_BYTES`
+    (512 MiB); nothing is kept without autograd (``no_grad``, or no input requiring a gradient).
     """
     if hidden.shape[:-1] != index.shape or hidden.shape[-1] != weight.shape[-1]:
         raise ValueError(f"linear_log_softmax: hidden {tuple(hidden.shape)} must be index {tuple(index.shape)} "
@@ -133,5 +145,5 @@ def linear_log_softmax(hidden: torch.Tensor, weight: torch.Tensor, index: torch.
     grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
     logp, entropy = _LinearLogSoftmax.apply(flat_h, weight, bias, flat_i, float(temperature),
                                             max(1, int(chunk_size)), cd, bool(with_entropy),
-                                            int(keep_bytes) if grad else 0)
+                                            _keep(keep_bytes) if grad else 0)
     return logp.reshape(index.shape), entropy.reshape(index.shape) if with_entropy else None
