@@ -29,13 +29,47 @@ __all__ = ["KEEP_SOFTMAX_BYTES", "linear_log_softmax"]
 KEEP_SOFTMAX_BYTES = 512 * 2**20
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float):
-    z = h @ weight.t()
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float,
+                  buf: torch.Tensor | None = None):
+    """``(h W^T + b) / temperature`` in fp32 (fp64 for fp64); into ``buf`` (a reused ``[chunk_size, V]``
+    buffer of the compute dtype, fp32/fp64 only) when given: a fresh vocabulary-sized tensor per chunk costs
+    its page faults again (about as much as an elementwise pass over it on a CPU)."""
+    z = h @ weight.t() if buf is None else torch.mm(h, weight.t(), out=buf[: h.shape[0]])
     if bias is not None:
         z += bias
     # fp32 (fp64 for fp64 inputs) before the division: a bf16 division rounds every logit. z is a fresh
-    # [rows, V] tensor, so it is divided in place (one vocabulary-sized temporary, not two).
+    # [rows, V] tensor (or the buffer), so it is divided in place (one vocabulary-sized temporary, not two).
     return z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
+
+
+def _logits_buffer(rows: int, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """A ``[rows, V]`` buffer for :func:`_chunk_logits` where the matmul is already fp32/fp64, else None."""
+    if torch.promote_types(dtype, torch.float32) != dtype:
+        return None
+    return torch.empty(rows, weight.shape[0], dtype=dtype, device=weight.device)
+
+
+def _softmax_stats(z: torch.Tensor, index: torch.Tensor, keep: bool, with_entropy: bool, pbuf):
+    """``(max, sum of exp(z - max), logit of index, softmax or None, entropy or None)`` of the rows of ``z``
+    (overwritten); the softmax is ``exp(z - max) / sum``, as the backward recomputes it, bit for bit,
+    with no vocabulary-sized temporary beyond the softmax itself: fresh when ``keep`` (it outlives the
+    chunk), in ``pbuf`` when only the entropy needs it. Entropy ``H = -sum p log p`` (no cancellation, unlike
+    ``logsumexp(z) - sum p z``)."""
+    z_y = z.gather(-1, index[:, None])[:, 0]
+    m = z.amax(dim=-1, keepdim=True)
+    shifted = z.sub_(m)
+    if keep:
+        p = torch.exp(shifted)
+    elif with_entropy:
+        p = torch.exp(shifted, out=pbuf[: z.shape[0]])
+    else:
+        p = shifted.exp_()  # only its sum is needed
+    s = p.sum(dim=-1, keepdim=True)
+    if not (keep or with_entropy):
+        return m[:, 0], s[:, 0], z_y, None, None
+    p.div_(s)
+    entropy = -shifted.sub_(s.log()).mul_(p).sum(dim=-1) if with_entropy else None  # shifted - log s = log p
+    return m[:, 0], s[:, 0], z_y, (p if keep else None), entropy
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
@@ -49,25 +83,24 @@ class _LinearLogSoftmax(torch.autograd.Function):
         w = weight.to(compute_dtype)
         b = None if bias is None else bias.to(compute_dtype)
         out = torch.promote_types(compute_dtype, torch.float32)
-        lse = torch.empty(rows, dtype=out, device=dev)
+        shift, norm = torch.empty(rows, dtype=out, device=dev), torch.empty(rows, dtype=out, device=dev)
         logp = torch.empty(rows, dtype=out, device=dev)
         entropy = torch.empty(rows if with_entropy else 0, dtype=out, device=dev)
         kept, budget = [], keep_bytes
+        buf = _logits_buffer(min(rows, chunk_size), weight, compute_dtype)
+        pbuf = torch.empty(min(rows, chunk_size), weight.shape[0], dtype=out, device=dev) if with_entropy else None
         for start in range(0, rows, chunk_size):
             sl = slice(start, start + chunk_size)
-            z = _chunk_logits(hidden[sl].to(compute_dtype), w, b, temperature)
-            lse[sl] = torch.logsumexp(z, dim=-1)
-            logp[sl] = z.gather(-1, index[sl, None])[:, 0] - lse[sl]
+            z = _chunk_logits(hidden[sl].to(compute_dtype), w, b, temperature, buf)
             keep = z.numel() * z.element_size() <= budget
-            if keep or with_entropy:
-                logq = z.sub_(lse[sl, None])  # log softmax, in place of z
-                p = logq.exp()
-                if with_entropy:  # H = -sum p log p (no cancellation, unlike lse - sum p z)
-                    entropy[sl] = -torch.linalg.vecdot(p, logq)
+            shift[sl], norm[sl], z_y, p, ent = _softmax_stats(z, index[sl], keep, with_entropy, pbuf)
+            logp[sl] = z_y - shift[sl] - norm[sl].log()
+            if with_entropy:
+                entropy[sl] = ent
             # the backward's softmax, for the first chunks while they fit: one [rows, V] matmul less each
-            kept.append(p if keep else None)
+            kept.append(p)
             budget = budget - p.numel() * p.element_size() if keep else 0
-        ctx.save_for_backward(hidden, weight, bias, index, lse)
+        ctx.save_for_backward(hidden, weight, bias, index, shift, norm)
         ctx.temperature, ctx.chunk_size, ctx.compute_dtype, ctx.kept = temperature, chunk_size, compute_dtype, kept
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
@@ -75,15 +108,17 @@ class _LinearLogSoftmax(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp, _grad_entropy):
-        hidden, weight, bias, index, lse = ctx.saved_tensors
+        hidden, weight, bias, index, shift, norm = ctx.saved_tensors
         cd, tau = ctx.compute_dtype, ctx.temperature
         w = weight.to(cd)
         b = None if bias is None else bias.to(cd)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h = torch.zeros_like(hidden) if need_h else None
-        acc = lse.dtype  # fp32 accumulation across chunks (fp64 for fp64 inputs)
+        acc = shift.dtype  # fp32 accumulation across chunks (fp64 for fp64 inputs)
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(weight.shape[0], dtype=acc, device=weight.device) if need_b else None
+        recompute = sum(p is None for p in ctx.kept) + max(0, -(-hidden.shape[0] // ctx.chunk_size) - len(ctx.kept))
+        buf = _logits_buffer(min(hidden.shape[0], ctx.chunk_size), weight, cd) if recompute > 1 else None
         for i, start in enumerate(range(0, hidden.shape[0], ctx.chunk_size)):
             sl = slice(start, start + ctx.chunk_size)
             h = hidden[sl].to(cd)
@@ -92,7 +127,7 @@ class _LinearLogSoftmax(torch.autograd.Function):
             if i < len(ctx.kept) and ctx.kept[i] is not None:  # the forward's softmax, freed as it is used
                 g, ctx.kept[i] = ctx.kept[i], None
             else:  # not kept (or a second backward with retain_graph): recompute
-                g = _chunk_logits(h, w, b, tau).sub_(lse[sl, None]).exp_()
+                g = _chunk_logits(h, w, b, tau, buf).sub_(shift[sl, None]).exp_().div_(norm[sl, None])
             g.mul_(-g_out / tau).scatter_add_(-1, index[sl, None], g_out / tau)
             if need_h:
                 grad_h[sl] = (g.to(cd) @ w).to(hidden.dtype)
