@@ -73,8 +73,8 @@ def _softmax_stats(z: torch.Tensor, index: torch.Tensor, keep: bool, with_entrop
 
 
 class _LinearLogSoftmax(torch.autograd.Function):
-    """Forward saves ``h``, ``W``, the index, one fp32 logsumexp per row and, within ``keep_bytes``, the
-    softmax of the first chunks; backward recomputes the logits of the other chunks."""
+    """Forward saves ``h``, ``W``, the index, the fp32 max and sum of ``exp(z - max)`` per row and, within
+    ``keep_bytes``, the softmax of the first chunks; backward recomputes the softmax of the other chunks."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, index, temperature, chunk_size, compute_dtype, with_entropy, keep_bytes):
@@ -88,11 +88,13 @@ class _LinearLogSoftmax(torch.autograd.Function):
         entropy = torch.empty(rows if with_entropy else 0, dtype=out, device=dev)
         kept, budget = [], keep_bytes
         buf = _logits_buffer(min(rows, chunk_size), weight, compute_dtype)
-        pbuf = torch.empty(min(rows, chunk_size), weight.shape[0], dtype=out, device=dev) if with_entropy else None
+        pbuf = None  # the entropy's softmax of a chunk not kept, allocated on first use
         for start in range(0, rows, chunk_size):
             sl = slice(start, start + chunk_size)
             z = _chunk_logits(hidden[sl].to(compute_dtype), w, b, temperature, buf)
             keep = z.numel() * z.element_size() <= budget
+            if with_entropy and not keep and pbuf is None:
+                pbuf = torch.empty_like(z)
             shift[sl], norm[sl], z_y, p, ent = _softmax_stats(z, index[sl], keep, with_entropy, pbuf)
             logp[sl] = z_y - shift[sl] - norm[sl].log()
             if with_entropy:
