@@ -14,6 +14,7 @@ import contextlib
 import pytest
 import torch
 
+from grouprl.algo import lmhead
 from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.train.step import (
     LossSpec,
@@ -80,8 +81,11 @@ def _assert_grads_close(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 @pytest.mark.parametrize("chunk_size", [5, 1024])
-def test_chunked_head_equals_plain_path(kind, chunk_size):
-    """Tied (Qwen2) and untied (Llama) heads; a chunk smaller than one row's tokens and one holding all."""
+@pytest.mark.parametrize("keep_bytes", [0, 4 * V * 4, 2**30])
+def test_chunked_head_equals_plain_path(kind, chunk_size, keep_bytes, monkeypatch):
+    """Tied (Qwen2) and untied (Llama) heads; a chunk smaller than one row's tokens and one holding all; the
+    backward recomputing every chunk's softmax, only those after the first 4 rows, or none (keep_bytes)."""
+    monkeypatch.setattr(lmhead, "KEEP_SOFTMAX_BYTES", keep_bytes)
     model = _model(kind)
     batch = _batch()
     weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(3))
@@ -145,8 +149,11 @@ def test_all_padding_completions_give_zeros_and_zero_gradient():
     assert logp.shape == entropy.shape == (4, 10) and logp.abs().sum() == 0 and entropy.abs().sum() == 0
 
 
-def test_micro_batch_loss_and_gradients_equal_with_and_without_the_chunked_head():
-    """The whole loss of a step (GRPO clip loss + k3 KL, token-mean over the step), optimised vs plain head."""
+@pytest.mark.parametrize("keep_bytes", [0, 2**30])
+def test_micro_batch_loss_and_gradients_equal_with_and_without_the_chunked_head(keep_bytes, monkeypatch):
+    """The whole loss of a step (GRPO clip loss + k3 KL, token-mean over the step), optimised vs plain head;
+    the chunked head's backward recomputing its softmax or using the one kept from the forward."""
+    monkeypatch.setattr(lmhead, "KEEP_SOFTMAX_BYTES", keep_bytes)
     from grouprl.builtins import load_builtins
     from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
