@@ -282,7 +282,8 @@ class GRPOConfig:
     logits_chunk_size: int = 1024
     """Positions per chunk through the LM head when computing log-probs (Llama, Qwen2/3, Mistral and other
     models whose logits are a plain linear map of the last hidden state): the ``[N, T, V]`` logits never
-    exist, in the forward or the backward. 0 = ask the model for the logits of the completion positions."""
+    exist, in the forward or the backward (the backward reuses the forward's per-chunk softmax up to 512 MiB
+    per micro-batch, then recomputes). 0 = ask the model for the logits of the completion positions."""
     padding_free: Any = "auto"
     """Padding-free log-prob passes (training, reference, old log-probs): each micro-batch's sequences -- the
     real prompt tokens, then the real completion tokens -- are packed end to end into rows of 1-2x its

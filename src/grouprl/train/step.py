@@ -4,7 +4,8 @@ Memory and padding: every forward first drops the columns that are padding in ev
 micro-batch (:func:`trim_padding`). For causal LMs whose logits are a plain linear map of the last hidden
 state (Llama, Qwen2/3, Mistral, ...) the decoder runs to that hidden state and only the real completion
 tokens go through the LM head, ``logits_chunk_size`` positions at a time in the forward and the backward
-(:mod:`grouprl.algo.lmhead`): the ``[N, T, V]`` logits never exist. Other models are asked for the logits of
+(:mod:`grouprl.algo.lmhead`): the ``[N, T, V]`` logits never exist (the backward reuses each chunk's softmax,
+kept from the forward up to ``lmhead.KEEP_SOFTMAX_BYTES`` per call, and recomputes the rest). Other models are asked for the logits of
 the completion positions only (``logits_to_keep = T + 1``) and take the chunked ``selective_log_softmax``.
 With ``padding_free`` (the config field) the decoder runs instead on the micro-batch's sequences packed
 end to end into fewer rows (:mod:`grouprl.train.packing`), so padding is not computed either.
