@@ -43,10 +43,14 @@ def load_tiny(path):
 
 
 class ForwardCounter:
-    """Wraps ``model.forward``: counts calls made without gradient (reference / evaluation) and with it."""
+    """Wraps the decoder's ``forward`` (``model.model``): counts calls made without gradient (reference /
+    evaluation) and with it. Not ``model.forward``: an instance-level forward on the model makes the log-prob
+    passes take the logits path instead of the chunked LM head (``step.lm_head_parts``), so the counted run
+    would compute other (rounding-different) numbers than the uncounted one."""
 
     def __init__(self, model):
         self.no_grad = self.grad = 0
+        model = getattr(model, "model", model)
         inner = model.forward
 
         def forward(*args, **kwargs):
