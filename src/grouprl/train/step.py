@@ -349,6 +349,35 @@ class SkipGuard:
                 f"(load the model in float32, bf16=false), or a reward function returning huge values.")
 
 
+def _accumulate_and_step(ctx: Any, ranks: Any, mbs: list[MicroBatch], spec: LossSpec, totals: dict[str, Any],
+                         optimizer: Any, scheduler: Any, timers: Any):
+    """grouprl's own step (one process, DDP, FSDP2): backward of every micro-batch, the SUM of the ranks'
+    gradients, clipping by the global norm, then the optimizer and schedule unless the step is not finite.
+    Returns ``(sums, grad_norm, finite_loss, skipped, lr)``."""
+    acc: dict[str, torch.Tensor] = {}
+    finite_loss: Any = True  # a device tensor after the first micro-batch: no host sync inside the loop
+    with timers("policy_fwd_bwd"):
+        for mb in mbs:
+            with ctx.autocast():
+                loss, sums = micro_batch_loss(ctx.model, mb, spec, totals)
+            loss.backward()
+            finite_loss = torch.isfinite(loss.detach()) & finite_loss
+            combine(acc, sums)
+    with timers("optimizer"):
+        params = [p for p in ctx.model.parameters() if p.requires_grad]
+        ranks.sum_gradients(params)  # global loss = sum of rank losses: its gradient is the SUM over ranks
+        max_norm = ctx.cfg.max_grad_norm if ctx.cfg.max_grad_norm > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        lr = scheduler.get_last_lr()[0]
+        finite_loss = ranks.all_gather(bool(finite_loss)) == [True] * ranks.world  # one host sync per step
+        skipped = not (finite_loss and bool(torch.isfinite(grad_norm)))
+        if not skipped:
+            optimizer.step()
+            scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return acc, grad_norm, finite_loss, skipped, lr
+
+
 def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: Any, scheduler: Any,
                    timers: Any) -> dict[str, float]:
     """Accumulate the micro-batch gradients (normalised by the whole step's totals), clip, step.
@@ -368,27 +397,8 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
         acc, grad_norm, finite_loss, skipped, lr = zero_step(
             ranks, ctx, mbs, lambda model, mb: micro_batch_loss(model, mb, spec, totals), combine, scheduler, timers)
     else:
-        acc: dict[str, torch.Tensor] = {}
-        finite_loss: Any = True  # a device tensor after the first micro-batch: no host sync inside the loop
-        with timers("policy_fwd_bwd"):
-            for mb in mbs:
-                with ctx.autocast():
-                    loss, sums = micro_batch_loss(ctx.model, mb, spec, totals)
-                loss.backward()
-                finite_loss = torch.isfinite(loss.detach()) & finite_loss
-                combine(acc, sums)
-        with timers("optimizer"):
-            params = [p for p in ctx.model.parameters() if p.requires_grad]
-            ranks.sum_gradients(params)  # global loss = sum of rank losses: its gradient is the SUM over ranks
-            max_norm = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-            lr = scheduler.get_last_lr()[0]
-            finite_loss = ranks.all_gather(bool(finite_loss)) == [True] * ranks.world  # one host sync per step
-            skipped = not (finite_loss and bool(torch.isfinite(grad_norm)))
-            if not skipped:
-                optimizer.step()
-                scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+        acc, grad_norm, finite_loss, skipped, lr = _accumulate_and_step(ctx, ranks, mbs, spec, totals, optimizer,
+                                                                        scheduler, timers)
     seq_tokens = sum(int(mb.prompt_mask.sum() + mb.completion_mask.sum()) for mb in mbs)
     acc["seq_tokens"] = torch.as_tensor(float(seq_tokens))
     if ranks.enabled:  # the sums are normalised by the global step: adding the ranks' gives the global value
