@@ -85,7 +85,7 @@ def _force_length(model: Any, max_new_tokens: int) -> None:
     ``min_new_tokens`` on the ``GenerationConfig`` handed to ``model.generate`` (what TRL gets through
     ``generation_kwargs``).
     """
-    import grouprl.train.loop as loop
+    import grouprl.train.algorithms.grpo as loop
     from grouprl.rollout import SamplingParams
 
     if "min_new_tokens" in {f.name for f in dataclasses.fields(SamplingParams)}:
@@ -106,7 +106,7 @@ def _force_length(model: Any, max_new_tokens: int) -> None:
 
 def _count_tokens(counts: list[int]) -> None:
     """Record the real completion tokens of every rollout (sum of ``completion_mask``)."""
-    import grouprl.train.loop as loop
+    import grouprl.train.algorithms.grpo as loop
     from grouprl.rollout import make_backend
 
     def make(*args, **kwargs):

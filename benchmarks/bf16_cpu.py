@@ -63,7 +63,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
-    from grouprl.train.step import MicroBatch, batched_logps
+    from grouprl.train.engine.step import MicroBatch, batched_logps
 
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def _train_pass(model, mb, repeats: int) -> dict:
     both; the log-prob error and the gradient's relative error of the autocast pass against fp32."""
     import torch
 
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     model.train()
 

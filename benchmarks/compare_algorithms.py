@@ -72,7 +72,7 @@ def child(algorithm: str, seed: int, steps: int, out_dir: str) -> dict:
 
     from grouprl.config import GRPOConfig
     from grouprl.train import GRPOTrainer
-    from grouprl.train import model as model_mod
+    from grouprl.train.engine import model as model_mod
 
     recipe, extra = RUNS[algorithm]
     cfg = GRPOConfig.from_yaml(ROOT / "recipes" / recipe, [*extra, *COMMON, f"max_steps={steps}", f"seed={seed}",
@@ -101,7 +101,7 @@ def child(algorithm: str, seed: int, steps: int, out_dir: str) -> dict:
     rss_base = _rss_now()  # after the imports, before any model loads
     t0 = time.perf_counter()
     if algorithm == "dpo":  # offline pairs: its own loop, as `grouprl train` runs it
-        from grouprl.train.dpo_run import run_dpo
+        from grouprl.train.algorithms.dpo_run import run_dpo
 
         result = run_dpo(cfg)
     else:

@@ -59,7 +59,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
@@ -107,7 +107,7 @@ def padding_case(repeats: int) -> dict:
     import torch
 
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ Three workloads per size:
 For each, in one child process per size, the two paths alternate ``--repeats`` times after a warm-up:
 ``padded`` (``padding_free=false``: the micro-batch trimmed to its widest prompt + widest completion, the
 chunked LM head) and ``packed`` (``padding_free=true``: real tokens end to end in rows of 1-2x the longest
-sequence, ``grouprl.train.packing``; ``auto_packs`` says whether ``padding_free=auto`` would pack). Phases: ``policy_fwd_bwd`` (log-probs + entropy, backward of
+sequence, ``grouprl.train.engine.packing``; ``auto_packs`` says whether ``padding_free=auto`` would pack). Phases: ``policy_fwd_bwd`` (log-probs + entropy, backward of
 ``-mean(A * logp)``) and ``ref_logp`` (no gradient). Time = median process CPU time. ``slots`` = token
 positions the decoder computes (rows x width).
 
@@ -69,8 +69,8 @@ def worker(spec: dict) -> dict:
     import torch
 
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
-    from grouprl.train.packing import pack, row_cost
-    from grouprl.train.step import AUTO_PACK_RATIO, completion_logps, trim_padding
+    from grouprl.train.engine.packing import pack, row_cost
+    from grouprl.train.engine.step import AUTO_PACK_RATIO, completion_logps, trim_padding
 
     torch.set_num_threads(1)
     hidden, layers, T, vocab = SIZES[spec["size"]]
@@ -103,9 +103,9 @@ def default_recipe_case(repeats: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grouprl.train.model import resolve_model_path
-    from grouprl.train.packing import pack, row_cost
-    from grouprl.train.step import AUTO_PACK_RATIO, completion_logps, trim_padding
+    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.train.engine.packing import pack, row_cost
+    from grouprl.train.engine.step import AUTO_PACK_RATIO, completion_logps, trim_padding
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:arithmetic"), dtype=torch.float32)

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import grouprl.train.model as model_mod
+import grouprl.train.engine.model as model_mod
 from grouprl.cli import main
 
 

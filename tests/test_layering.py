@@ -58,9 +58,10 @@ ALLOWED: dict[str, set[str]] = {
     "envs": _MIDDLE | {"sandbox"},
     "rollout": _MIDDLE | {"envs", "rewards"},
     "report": _MIDDLE | {"builtins"},  # the explainers load the registered functions
-    "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
+    "run": _BASE | {"config", "data", "rewards", "report"},  # torch-free run lifecycle (lock, output dir, checks)
+    "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "run"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
-                      "serve"},
+                      "serve", "run"},
     "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
     "cli": {ROOT, "errors", "cmd"},
     "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
@@ -72,7 +73,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Edges allowed only as a lookup by name (import_module with a literal, or a module-name string) inside the
 # named function -- never as an import statement.
-BY_NAME = {("train", "builtin"): (("train/model.py", "resolve_model_path"),),
+BY_NAME = {("train", "builtin"): (("train/engine/model.py", "resolve_model_path"),),
            ("cmd", "builtin"): (("cmd/check_template.py", "load_tokenizer"), ("cmd/list.py", "extra_sections"))}
 
 # (file, function) -> why a non-literal import_module is right there.
@@ -178,7 +179,7 @@ def _unit_of_file(relpath: str) -> str:
 
 
 def _unit_of_name(name: str) -> str | None:
-    """``grouprl.train.loop`` -> ``train``; an attribute of the package (``grouprl.__version__``) -> ROOT;
+    """``grouprl.train.algorithms.grpo`` -> ``train``; an attribute of the package (``grouprl.__version__``) -> ROOT;
     a third-party module -> None."""
     parts = name.split(".")
     if parts[0] != ROOT:
@@ -309,18 +310,18 @@ def test_importing_the_library_loads_no_demo_code():
         ("algo/losses.py", "from ..config import GRPOConfig\n", "algo imports 'grouprl.config'"),
         ("rewards/x.py", "def f():\n    import torch\n", "rewards must not import 'torch'"),
         ("rewards/x.py", "import importlib\nimportlib.import_module('torch.nn')\n", "must not import 'torch'"),
-        ("data/x.py", "import importlib\nm = importlib.import_module('grouprl.train.loop')\n",
-         "data names (import_module) 'grouprl.train.loop'"),
+        ("data/x.py", "import importlib\nm = importlib.import_module('grouprl.train.algorithms.grpo')\n",
+         "data names (import_module) 'grouprl.train.algorithms.grpo'"),
         ("data/x.py", "from importlib import import_module\ndef g(n):\n    return import_module(n)\n",
          "non-literal import_module() in g"),
         ("sandbox/x.py", "def g(n):\n    return __import__(n)\n", "non-literal __import__() in g"),
-        ("rollout/x.py", "PLUGINS = {'a': 'grouprl.train.loop:run'}\n", "rollout names (string) 'grouprl.train.loop'"),
+        ("rollout/x.py", "PLUGINS = {'a': 'grouprl.train.algorithms.grpo:run'}\n", "rollout names (string) 'grouprl.train.algorithms.grpo'"),
         ("envs/x.py", "from grouprl.rollout import make_backend\n", "envs imports 'grouprl.rollout'"),
         ("sandbox/x.py", "from grouprl import rewards\n", "sandbox imports 'grouprl.rewards'"),
-        ("train/loop.py", "from grouprl.builtin import model_path\n", "train imports 'grouprl.builtin'"),
-        ("train/loop.py", "import importlib\nimportlib.import_module('grouprl.builtin')\n",
+        ("train/algorithms/grpo.py", "from grouprl.builtin import model_path\n", "train imports 'grouprl.builtin'"),
+        ("train/algorithms/grpo.py", "import importlib\nimportlib.import_module('grouprl.builtin')\n",
          "train names (import_module) 'grouprl.builtin'"),
-        ("train/model.py", "def resolve_model_path(n):\n    from grouprl.builtin import model_path\n",
+        ("train/engine/model.py", "def resolve_model_path(n):\n    from grouprl.builtin import model_path\n",
          "train imports 'grouprl.builtin'"),
         ("config.py", "from grouprl.sandbox import config\n", "config imports 'grouprl.sandbox'"),
         ("config/presets.py", "import torch\n", "config must not import 'torch'"),
@@ -336,7 +337,7 @@ def test_checker_flags_a_bad_import(relpath, source, expected):
 @pytest.mark.parametrize(
     "relpath, source",
     [
-        ("train/model.py", "def resolve_model_path(n):\n    from importlib import import_module\n"
+        ("train/engine/model.py", "def resolve_model_path(n):\n    from importlib import import_module\n"
                            "    return import_module('grouprl.builtin').model_path(n)\n"),
         ("registry.py", "import importlib\nclass Registry:\n    def resolve(self, s):\n"
                         "        return importlib.import_module(s)\n"),
@@ -345,7 +346,7 @@ def test_checker_flags_a_bad_import(relpath, source, expected):
         ("config/__init__.py", "from .fields import X\nfrom grouprl.errors import ConfigError\n"
                                "def validate():\n    from grouprl.builtins import load_builtins\n"),
         ("cli.py", "from grouprl import __version__\n"),
-        ("data/x.py", '"""Docstring naming grouprl.train.loop is prose, not an import."""\n'),
+        ("data/x.py", '"""Docstring naming grouprl.train.algorithms.grpo is prose, not an import."""\n'),
     ],
 )
 def test_checker_accepts_an_allowed_import(relpath, source):

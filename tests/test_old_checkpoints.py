@@ -2,7 +2,7 @@
 
 tests/fixtures/old_checkpoints/ holds checkpoint-1 of a GRPO, a PPO and a DPO run written by that code
 (``make.py`` there): the GRPO and PPO states pickle the unfinished round under the old module paths
-(``grouprl.train.round.Round``, ``grouprl.train.step.MicroBatch``, ``grouprl.train.ppo.PPORound`` /
+(``grouprl.train.algorithms.rounds.Round``, ``grouprl.train.engine.step.MicroBatch``, ``grouprl.train.algorithms.ppo.PPORound`` /
 ``ValueTargets``). Resuming trains step 2 to the numbers the old code computed from the same checkpoint
 (``expected.json``, written by the old code too; timings left out).
 """
@@ -42,7 +42,7 @@ def resume(name: str, tmp_path: Path) -> dict:
     shutil.copytree(FIXTURES / name / "checkpoint-1", out / "checkpoint-1")
     model = str(FIXTURES / "model")
     if name == "dpo":
-        from grouprl.train.dpo_run import run_dpo
+        from grouprl.train.algorithms.dpo_run import run_dpo
 
         here = os.getcwd()
         os.chdir(FIXTURES)  # the DPO config names its model and pairs relative to the fixture folder

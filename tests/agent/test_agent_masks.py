@@ -8,7 +8,7 @@ import torch
 
 from grouprl.rollout.base import Rollout, concat_rollouts
 from grouprl.train.metrics import Timers, round_metrics
-from grouprl.train.round import RoundBatch, micro_batches
+from grouprl.train.algorithms.rounds import RoundBatch, micro_batches
 
 
 def rollout(loss_mask, completion_mask, truncated, trajectories=None):

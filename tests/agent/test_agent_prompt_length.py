@@ -7,11 +7,11 @@ import pytest
 from agent_helpers import add
 from datasets import Dataset
 
-import grouprl.train.model as model_mod
+import grouprl.train.engine.model as model_mod
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.errors import DataError
 from grouprl.rollout.chat import prompt_ids
-from grouprl.train import startup
+from grouprl.run import checks as startup
 from grouprl.train.agent import build_agent, rollout_rows
 
 ROWS = [{"prompt": "What is 1 + 2?", "answer": "3"},

@@ -11,8 +11,8 @@ import pytest
 import torch
 from agent_helpers import ROWS, Adder, E, add, read_jsonl, tool_threads, use_script
 
-import grouprl.train.round as round_mod
-import grouprl.train.step as step_mod
+import grouprl.train.algorithms.rounds as round_mod
+import grouprl.train.engine.step as step_mod
 from grouprl import GRPOConfig, GRPOTrainer
 
 CALL = "<tool_call>calculator(expression='{a} + {b}')</tool_call>" + E

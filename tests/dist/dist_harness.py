@@ -3,7 +3,7 @@
 ``run_ranks(fn, world, *args)`` spawns ``world`` processes with the environment ``accelerate launch
 --multi_gpu`` (torchrun) gives each rank (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free
 MASTER_PORT) plus ACCELERATE_USE_CPU, calls
-``fn(*args)`` in each (``grouprl.train.dist.current()`` then starts accelerate's PartialState) and returns
+``fn(*args)`` in each (``grouprl.train.parallel.ranks.current()`` then starts accelerate's PartialState) and returns
 one :class:`RankResult` per rank. Every wait is bounded: a rank still running after ``timeout`` s is killed.
 """
 

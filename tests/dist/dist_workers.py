@@ -11,11 +11,11 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
-from grouprl.train import dist
+from grouprl.train.parallel import ranks as dist
 from grouprl.train.metrics import Timers
-from grouprl.train.model import build_optimizer
-from grouprl.train.round import RoundBatch, RunContext, micro_batches
-from grouprl.train.step import LossSpec, optimizer_step
+from grouprl.train.engine.model import build_optimizer
+from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+from grouprl.train.engine.step import LossSpec, optimizer_step
 
 ROWS_PER_STEP = 8  # global rows (completions) of one optimizer step
 STEPS = 2

@@ -51,7 +51,7 @@ def sgd(model, cfg, total_steps):
 def patch(setattr_: Any = setattr) -> None:
     """The scripted policy and SGD (``setattr`` in a spawned rank; ``monkeypatch.setattr`` in the test process)."""
     import grouprl.rollout.multiturn as mt
-    import grouprl.train.loop as loop
+    import grouprl.train.algorithms.grpo as loop
 
     setattr_(mt, "hf_generate_fn", lambda model, tokenizer, stop_ids=None, **kw: scripted(tokenizer))
     setattr_(loop, "build_optimizer", sgd)
@@ -60,7 +60,7 @@ def patch(setattr_: Any = setattr) -> None:
 def agent_run(model_dir: str, output_dir: str, patched: bool = False) -> dict[str, Any]:
     """2 optimizer steps with the calculator environment; 2 prompts x 2 trajectories per rank per step."""
     from grouprl import GRPOConfig, GRPOTrainer
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     if not patched:
         patch()

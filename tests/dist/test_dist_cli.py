@@ -42,7 +42,7 @@ def test_python_dash_m_grouprl_is_the_cli():
 
 
 def test_batch_arithmetic_names_the_world_size():
-    from grouprl.train.loop import plan_steps
+    from grouprl.train.algorithms.grpo import plan_steps
 
     cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=8, max_steps=3)  # 2 prompts per rank
     assert plan_steps(cfg, 4, world=2) == (3, 1, 1)  # one round: 2 prompts x 2 ranks
@@ -52,7 +52,7 @@ def test_batch_arithmetic_names_the_world_size():
 
 def test_resample_and_vllm_are_accepted_on_several_processes():
     """Both run on N processes (tests/dist/test_dist_sampling.py, test_dist_vllm.py): no refusal any more."""
-    from grouprl.train.dist import check_config
+    from grouprl.train.parallel.ranks import check_config
 
     for world in (1, 2):
         check_config(GRPOConfig(dynamic_sampling="resample"), world)
@@ -60,7 +60,7 @@ def test_resample_and_vllm_are_accepted_on_several_processes():
 
 
 def test_fsdp_version_1_is_refused(monkeypatch):
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")  # FSDP_VERSION unset: accelerate's FSDP1
     with pytest.raises(ConfigError, match="FSDP"):
@@ -69,7 +69,7 @@ def test_fsdp_version_1_is_refused(monkeypatch):
 
 def test_ppo_on_several_processes_is_refused():
     from grouprl.config import GRPOConfig
-    from grouprl.train.dist import check_config
+    from grouprl.train.parallel.ranks import check_config
 
     with pytest.raises(ConfigError, match="algorithm='ppo' with 2 processes"):
         check_config(GRPOConfig(algorithm="ppo"), 2)
@@ -77,7 +77,7 @@ def test_ppo_on_several_processes_is_refused():
 
 
 def test_one_process_has_no_ranks():
-    from grouprl.train.dist import Dist
+    from grouprl.train.parallel.ranks import Dist
 
     d = Dist()
     assert (d.rank, d.world, d.is_main, d.enabled) == (0, 1, True, False)
@@ -89,7 +89,7 @@ def test_one_process_has_no_ranks():
 def test_rank_0_announces_the_processes_and_the_global_batch(capsys):
     from types import SimpleNamespace
 
-    from grouprl.train.dist import Dist
+    from grouprl.train.parallel.ranks import Dist
 
     cfg = GRPOConfig(per_device_train_batch_size=64, gradient_accumulation_steps=2)
     Dist(SimpleNamespace(process_index=1, num_processes=2, backend="gloo")).announce(cfg)

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on two gloo ranks train exactly like one process with the same global batch.
 
-The ranks wrap the policy and the optimizer in a ZeRO engine (``grouprl.train.deepspeed``, through
+The ranks wrap the policy and the optimizer in a ZeRO engine (``grouprl.train.parallel.deepspeed``, through
 ``Dist.zero_init`` as the loop does) and take the optimizer steps of ``train.step.optimizer_step``; their
 gathered parameters are compared with one plain process that sees the whole global batch
 (``dist_workers.train_two_steps``). One 2-process launch per stage runs every case.
@@ -46,7 +46,7 @@ def run_env(stage: int, folder: str | None = None) -> dict[str, str]:
 
 def whole_params(model) -> dict[str, torch.Tensor]:
     """Every parameter whole (ZeRO-3 partitions gathered; every rank calls it)."""
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     with dist.current().full_weights(model):
         return {k: v.detach().clone() for k, v in model.named_parameters()}
@@ -71,7 +71,7 @@ def two_steps(model_dir: str, aggregation: str, ga: Any, optim: str, world: int,
 
 
 def zero_two_steps(model_dir: str, aggregation: str, ga: Any, optim: str) -> dict[str, torch.Tensor]:
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     d = dist.current()
     trained = two_steps(model_dir, aggregation, ga, optim, d.world, d.rank,
@@ -86,7 +86,7 @@ def generates_whole(model_dir: str) -> dict:
 
     from grouprl.config import GRPOConfig
     from grouprl.rollout.lean import lean_sample
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     d = dist.current()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -165,8 +165,9 @@ def zero_training(model_dir: str, output_dir: str, resume: str | None = None, st
     or the error it stopped with."""
     if stage is not None:
         os.environ.update(run_env(stage, os.path.dirname(output_dir)))
-    from grouprl.train import GRPOTrainer, dist
+    from grouprl.train import GRPOTrainer
 
+    from grouprl.train.parallel import ranks as dist
     cfg = run_config(model_dir, output_dir, **RUN)
     trainer = GRPOTrainer(config=cfg, train_dataset=list(ROWS), reward_funcs=[letters], eval_dataset=list(ROWS[:3]),
                           eval_reward_func=letters)
@@ -254,7 +255,7 @@ def test_batch_fields_come_from_grouprl_and_a_contradiction_names_both(monkeypat
     in a DeepSpeed JSON is refused, naming the DeepSpeed field and the grouprl field."""
     from grouprl.config import GRPOConfig
     from grouprl.errors import ConfigError
-    from grouprl.train.deepspeed import engine_config
+    from grouprl.train.parallel.deepspeed import engine_config
 
     _launch_env(monkeypatch, 3)
     cfg = GRPOConfig(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5)
@@ -285,7 +286,7 @@ def test_batch_fields_come_from_grouprl_and_a_contradiction_names_both(monkeypat
 
 def test_unsupported_deepspeed_settings_are_refused_before_the_process_group(monkeypatch):
     from grouprl.errors import ConfigError
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     _launch_env(monkeypatch, 1)
     with pytest.raises(ConfigError, match="ZeRO stage 1.*zero_stage: 2 or 3"):
@@ -301,7 +302,7 @@ def test_unsupported_deepspeed_settings_are_refused_before_the_process_group(mon
 def test_deepspeed_refuses_what_it_does_not_run(monkeypatch):
     from grouprl.config import GRPOConfig
     from grouprl.errors import ConfigError
-    from grouprl.train.dist import check_config
+    from grouprl.train.parallel.ranks import check_config
 
     _launch_env(monkeypatch, 3)
     check_config(GRPOConfig(), 2)  # the default recipe runs
@@ -318,7 +319,7 @@ def test_a_checkpoint_of_another_stage_or_without_deepspeed_is_refused_with_the_
     from types import SimpleNamespace
 
     from grouprl.errors import ConfigError
-    from grouprl.train.dist import Dist
+    from grouprl.train.parallel.ranks import Dist
 
     zero = tmp_path / "checkpoint-4" / "deepspeed" / "zero"  # what ZeRO-2 on 2 ranks writes
     zero.mkdir(parents=True)
@@ -346,8 +347,8 @@ def adamw_engine(model_dir: str) -> tuple:
     from transformers import AutoModelForCausalLM
 
     from grouprl.config import GRPOConfig
-    from grouprl.train import dist
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.train.engine.model import build_optimizer
 
     os.environ.update(run_env(2))
     torch.manual_seed(0)

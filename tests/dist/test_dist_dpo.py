@@ -23,11 +23,11 @@ def sgd(model, cfg, total_steps):
 def dpo_run(model_dir: str, data: str, output_dir: str, install: bool = True) -> dict[str, Any]:
     """2 DPO steps of a global batch of 8 pairs (2 per micro-batch, 2 micro-batches per rank on 2 ranks)."""
     from grouprl import GRPOConfig
-    from grouprl.train import dist
-    from grouprl.train.dpo_run import run_dpo
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.train.algorithms.dpo_run import run_dpo
 
     if install:
-        import grouprl.train.dpo as dpo
+        import grouprl.train.algorithms.dpo as dpo
 
         dpo.build_optimizer = sgd  # a spawned rank: nothing to undo
     world = dist.current().world
@@ -43,7 +43,7 @@ def dpo_run(model_dir: str, data: str, output_dir: str, install: bool = True) ->
 
 
 def test_dpo_on_two_ranks_equals_one_process(tiny_model_dir, tmp_path, monkeypatch):
-    import grouprl.train.dpo as dpo
+    import grouprl.train.algorithms.dpo as dpo
 
     data = tmp_path / "data"
     data.mkdir()

@@ -77,9 +77,9 @@ def sgd(model, cfg, total_steps):
 def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: int,
           backend: str = "FakeBackend") -> dict[str, Any]:
     """One GRPOTrainer run of ``steps`` steps (2 prompts x 2 completions per rank per step) on this process
-    (with SGD: ``grouprl.train.loop.build_optimizer`` is patched by the caller)."""
+    (with SGD: ``grouprl.train.algorithms.grpo.build_optimizer`` is patched by the caller)."""
     from grouprl import GRPOConfig, GRPOTrainer
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     ZERO.clear()
     ZERO.update(zero)
@@ -100,7 +100,7 @@ def train(model_dir: str, output_dir: str, zero: list[int], mode: str, steps: in
 def both_modes(model_dir: str, out: str, drop_zero: list[int], resample_zero: list[int]) -> dict[str, Any]:
     """The drop run (3 steps) and the resample runs (2 steps; one with an engine shared by the ranks) in one
     launch (starting processes is the slow part)."""
-    import grouprl.train.loop as loop
+    import grouprl.train.algorithms.grpo as loop
 
     loop.build_optimizer = sgd  # a spawned rank: nothing to undo
     return {"drop": train(model_dir, f"{out}/drop", drop_zero, "drop", 3),
@@ -122,7 +122,7 @@ def _metrics(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, tmp_path_factory):
-    import grouprl.train.loop as loop
+    import grouprl.train.algorithms.grpo as loop
 
     o = _order()
     # drop: round 1 rank 1 keeps nothing (rank 0: 2); round 2 rank 0 keeps 1 (rank 1: 2); round 3 nobody keeps any

@@ -45,10 +45,10 @@ def vllm_run(model_dir: str, output_dir: str, mode: str, url: str = "", install:
     """2 generation rounds of ``steps_per_round`` optimizer steps; 2 x steps_per_round prompts x 2 completions
     per rank per round. ``install``: put the fake vllm package and SGD in place (a spawned rank)."""
     from grouprl import GRPOConfig, GRPOTrainer
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     if install:
-        import grouprl.train.loop as loop
+        import grouprl.train.algorithms.grpo as loop
 
         sys.modules["vllm"] = fake_vllm
         loop.build_optimizer = sgd
@@ -91,7 +91,7 @@ def _engine_down() -> list:
 
 def scatter_cases() -> dict[str, Any]:
     """``dist.scatter_from_main``: each rank gets its own part; a failure on rank 0 ends every rank."""
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     d = dist.current()
     got = dist.scatter_from_main(d, lambda: [f"rows of rank {r}" for r in range(d.world)])
@@ -144,7 +144,7 @@ def test_colocate_one_engine_per_rank_each_generating_its_share(two_ranks):
 
 
 def test_server_driven_by_rank_0_equals_one_process(tiny_model_dir, two_ranks, tmp_path, monkeypatch):
-    from grouprl.train import loop
+    from grouprl.train.algorithms import grpo as loop
 
     tmp, (r0, r1), events = two_ranks
     r0, r1 = r0["server"], r1["server"]

@@ -9,7 +9,7 @@ from grouprl.errors import ConfigError
 
 
 def test_fsdp2_is_accepted_fsdp1_and_offloading_are_refused(monkeypatch):
-    from grouprl.train.fsdp import check_env, requested
+    from grouprl.train.parallel.fsdp import check_env, requested
 
     monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     assert not requested()
@@ -27,7 +27,7 @@ def test_fsdp2_is_accepted_fsdp1_and_offloading_are_refused(monkeypatch):
 
 
 def test_fsdp_refuses_what_it_cannot_shard(monkeypatch):
-    from grouprl.train.dist import check_config
+    from grouprl.train.parallel.ranks import check_config
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     monkeypatch.setenv("FSDP_VERSION", "2")
@@ -48,7 +48,7 @@ def test_fsdp_refuses_what_it_cannot_shard(monkeypatch):
 def test_layer_classes_come_from_the_config_or_the_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from grouprl.train.fsdp import layer_classes
+    from grouprl.train.parallel.fsdp import layer_classes
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert [c.__name__ for c in layer_classes(model, None)] == ["Qwen2DecoderLayer"]  # _no_split_modules
@@ -62,7 +62,7 @@ def test_an_fsdp_checkpoint_given_as_a_model_names_the_fix(tiny_model_dir, tmp_p
 
     import torch
 
-    from grouprl.train.model import load_model
+    from grouprl.train.engine.model import load_model
 
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
     (tmp_path / "distcp").mkdir()  # what an FSDP checkpoint holds instead of model.safetensors

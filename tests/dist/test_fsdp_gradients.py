@@ -1,6 +1,6 @@
 """FSDP2 on two gloo ranks trains exactly like one process with the same global batch.
 
-The ranks shard the policy with ``fully_shard`` (``grouprl.train.fsdp``, through ``Dist.shard`` as the loop
+The ranks shard the policy with ``fully_shard`` (``grouprl.train.parallel.fsdp``, through ``Dist.shard`` as the loop
 does) and take the optimizer steps of ``train.step.optimizer_step``; their gathered parameters are compared
 with one unsharded process that sees the whole global batch (``dist_workers.train_two_steps``).
 One 2-process launch runs every case.
@@ -33,8 +33,8 @@ def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str,
                    checkpointing: bool = False) -> dict[str, torch.Tensor]:
     """``train_two_steps`` on this rank's share, with the policy sharded by FSDP2 before the optimizer is built
     (after activation checkpointing is switched on, as the loop does, when ``checkpointing``)."""
-    from grouprl.train import dist
-    from grouprl.train.model import enable_checkpointing
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.train.engine.model import enable_checkpointing
 
     d = dist.current()
 
@@ -53,7 +53,7 @@ def lean_with_full_weights(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grouprl.rollout.lean import lean_sample, unsupported_reason
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     d = dist.current()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -70,7 +70,7 @@ def lean_with_full_weights(model_dir: str) -> dict:
                                              do_sample=False)[:, 6:]
     d.check()
     out["sharded_again"] = type(model.model.layers[0].self_attn.q_proj.weight).__name__
-    from grouprl.train.model import save_final
+    from grouprl.train.engine.model import save_final
 
     try:  # one rank cannot save a sharded model by itself: a clear error instead of a hang or a partial file
         save_final(model, None, os.path.join(os.path.dirname(model_dir), f"alone{d.rank}"))
@@ -87,9 +87,9 @@ def resume_plain_checkpoint(model_dir: str, checkpoint: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grouprl.config import GRPOConfig
-    from grouprl.train import dist
-    from grouprl.train.checkpoint import load_checkpoint
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.train.checkpoint.store import load_checkpoint
+    from grouprl.train.engine.model import build_optimizer
 
     d = dist.current()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -105,8 +105,8 @@ def plain_checkpoint(model_dir: str, root) -> tuple:
     from transformers import AutoModelForCausalLM
 
     from grouprl.config import GRPOConfig
-    from grouprl.train.checkpoint import save_checkpoint
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.checkpoint.store import save_checkpoint
+    from grouprl.train.engine.model import build_optimizer
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optimizer, scheduler = build_optimizer(model, GRPOConfig(learning_rate=1e-3, max_steps=4), 4)

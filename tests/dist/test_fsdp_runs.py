@@ -20,8 +20,9 @@ def fsdp_training(model_dir: str, output_dir: str, resume: str | None = None, fs
     """One GRPOTrainer run on this rank (FSDP2 when ``fsdp``): its whole parameters and result."""
     if fsdp:
         os.environ.update(FSDP_ENV)
-    from grouprl.train import GRPOTrainer, dist
+    from grouprl.train import GRPOTrainer
 
+    from grouprl.train.parallel import ranks as dist
     cfg = run_config(model_dir, output_dir, **RUN)
     trainer = GRPOTrainer(config=cfg, train_dataset=list(ROWS), reward_funcs=[letters], eval_dataset=list(ROWS[:3]),
                           eval_reward_func=letters)

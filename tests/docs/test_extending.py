@@ -186,7 +186,7 @@ def test_backend_plugs_in_by_path(tiny_model_dir):
     from extending.my_backend import RecordingBackend
 
     from grouprl.rollout import SamplingParams, make_backend
-    from grouprl.train.model import load_model, load_tokenizer
+    from grouprl.train.engine.model import load_model, load_tokenizer
 
     RecordingBackend.history.clear()
     model, tok = load_model(str(tiny_model_dir), "cpu"), load_tokenizer(str(tiny_model_dir))
@@ -261,7 +261,7 @@ def test_environment_in_a_multi_turn_rollout_and_one_training_step(tiny_model_di
     from grouprl.rollout.base import SamplingParams
     from grouprl.rollout.multiturn import MultiTurnParams, MultiTurnRollout, hf_generate_fn
     from grouprl.rollout.trajectory import stack_trajectories
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     torch.manual_seed(0)
     model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -13,7 +13,7 @@ from dpo_helpers import PAIRS, ForwardCounter, dpo_config, load_tiny, write_pair
 
 from grouprl.cli import main
 from grouprl.errors import DataError
-from grouprl.train.dpo import reference_logps, tokenize_pairs, train_dpo
+from grouprl.train.algorithms.dpo import reference_logps, tokenize_pairs, train_dpo
 
 METRICS = ["loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies", "logps/chosen",
            "logps/rejected", "grad_norm", "lr", "epoch", "skipped_steps", "time/step"]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from dpo_helpers import PAIRS, dpo_config, load_tiny
 
-from grouprl.train.dpo import micro_batch_loss, reference_logps, sequence_logps, tokenize_pairs
+from grouprl.train.algorithms.dpo import micro_batch_loss, reference_logps, sequence_logps, tokenize_pairs
 
 
 def _plain_logps(model, pair, average):
@@ -90,7 +90,7 @@ def test_batched_logps_match_the_plain_forward(tiny_model_dir, tmp_path):
     reference_logps(model, pairs, 2, False, contextlib.nullcontext, tok.pad_token_id)
     assert [pairs[0].ref_chosen, pairs[0].ref_rejected, pairs[1].ref_chosen, pairs[1].ref_rejected] == pytest.approx(
         [c0, r0, c1, r1], abs=1e-4)
-    from grouprl.train.dpo import collate
+    from grouprl.train.algorithms.dpo import collate
 
     with torch.no_grad():
         means = sequence_logps(model, collate(pairs, tok.pad_token_id, "cpu"), average=True)

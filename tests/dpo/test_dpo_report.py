@@ -7,7 +7,7 @@ import signal
 
 from dpo_helpers import write_pairs
 
-import grouprl.train.dpo as dpo_mod
+import grouprl.train.algorithms.dpo as dpo_mod
 from grouprl.cli import main
 
 
@@ -20,7 +20,7 @@ def _args(model_dir, tmp_path, *extra):
 
 def test_a_dpo_run_writes_report_html_at_checkpoints_evaluations_and_the_end(tiny_model_dir, tmp_path, capsys,
                                                                              monkeypatch):
-    from grouprl.train import reporting
+    from grouprl.run import reporting
 
     refreshed = []
     inner = reporting.refresh

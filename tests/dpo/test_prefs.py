@@ -11,7 +11,7 @@ from grouprl.cli import main
 from grouprl.data.prefs import check_pref_rows, pairs_from_samples
 from grouprl.errors import DataError
 from grouprl.rewards import make_reward_func
-from grouprl.train.dpo_prefs import arithmetic_prefs
+from grouprl.train.algorithms.dpo_prefs import arithmetic_prefs
 
 GOOD = {"prompt": "2+2?", "chosen": "4", "rejected": "5"}
 CHAT = {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant", "content": "4"}],
@@ -138,7 +138,7 @@ def test_the_held_out_split_of_arithmetic_prefs_is_the_arithmetic_test_split():
 
 
 def test_tokenised_pairs_end_as_the_model_must_end(tiny_model_dir, tmp_path):
-    from grouprl.train.dpo import tokenize_pairs
+    from grouprl.train.algorithms.dpo import tokenize_pairs
 
     model, tok = load_tiny(tiny_model_dir)
     cfg = dpo_config(tmp_path)

@@ -61,7 +61,7 @@ def chat(tiny_model_dir):
     import torch
 
     from grouprl.serve.server import ChatServer
-    from grouprl.train.model import load_model, load_tokenizer
+    from grouprl.train.engine.model import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
@@ -134,7 +134,7 @@ def test_the_endpoint_honours_response_format(tiny_model_dir):
     import torch
 
     from grouprl.serve.server import ChatServer, make_server
-    from grouprl.train.model import load_model, load_tokenizer
+    from grouprl.train.engine.model import load_model, load_tokenizer
 
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
                       max_new_tokens=48, max_time_s=20)

@@ -16,7 +16,7 @@ def served(tiny_model_dir):
     import torch
 
     from grouprl.serve.server import ChatServer, make_server
-    from grouprl.train.model import load_model, load_tokenizer
+    from grouprl.train.engine.model import load_model, load_tokenizer
 
     torch.manual_seed(0)
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),

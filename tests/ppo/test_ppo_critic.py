@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grouprl.train.critic import build_critic, critic_values, value_head
+from grouprl.train.algorithms.critic import build_critic, critic_values, value_head
 
 
 @pytest.fixture(scope="module")

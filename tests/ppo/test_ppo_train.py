@@ -112,7 +112,7 @@ def test_resuming_a_grpo_checkpoint_as_ppo_is_a_clear_error(tiny_model_dir, trai
 
 def test_a_checkpoint_without_a_critic_is_a_clear_error(tmp_path):
     from grouprl.errors import ConfigError
-    from grouprl.train.ppo import _critic_state
+    from grouprl.train.algorithms.ppo import _critic_state
 
     with pytest.raises(ConfigError, match="holds no critic: it was not written by algorithm: ppo"):
         _critic_state({"step": 1}, tmp_path)

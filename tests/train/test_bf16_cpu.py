@@ -14,16 +14,16 @@ import pytest
 import torch
 from train_helpers import char_reward, train_records
 
-from grouprl.train import precision
-from grouprl.train.model import Reference, reference_dtype
-from grouprl.train.precision import (
+from grouprl.train.engine import precision
+from grouprl.train.engine.model import Reference, reference_dtype
+from grouprl.train.engine.precision import (
     Autocast,
     autocast_factory,
     cpu_flags,
     generation_context,
     resolve_rollout_dtype,
 )
-from grouprl.train.step import completion_logps
+from grouprl.train.engine.step import completion_logps
 
 CPU = torch.device("cpu")
 X86_BF16 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni\n"
@@ -195,7 +195,7 @@ def _train(tiny_model_dir, train_rows, cfg):
 
 
 def test_grpo_steps_train_in_bf16_on_a_bf16_cpu(tiny_model_dir, train_rows, fast_config, bf16_cpu, monkeypatch):
-    from grouprl.train import loop
+    from grouprl.train.algorithms import grpo as loop
 
     bf16_cpu(True)
     refs = []

@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("kl_coef", [0.0, 0.05])
 def test_bf16_run_on_cuda(tiny_model_dir, train_rows, fast_config, kl_coef):
     from grouprl import GRPOTrainer
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     cfg = fast_config(device="cuda", bf16=True, kl_coef=kl_coef)
     with warnings.catch_warnings(record=True) as caught:

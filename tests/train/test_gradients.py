@@ -13,8 +13,8 @@ from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RoundBatch, RunContext, micro_batches
-from grouprl.train.step import LossSpec, completion_logps, micro_batch_loss, step_totals
+from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+from grouprl.train.engine.step import LossSpec, completion_logps, micro_batch_loss, step_totals
 
 
 def _model(path):
@@ -116,7 +116,7 @@ def test_logprobs_match_the_sampling_distribution_with_left_padding(tiny_model_d
 @pytest.mark.parametrize(("aggregation", "expected"), [("seq_mean_token_mean", -1.1 / 8), ("token_mean", -15 / 35),
                                                        ("seq_mean_token_sum_norm", -15 / (8 * 7))])
 def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, expected):
-    from grouprl.train.step import combine
+    from grouprl.train.engine.step import combine
 
     load_builtins()
     model = _model(tiny_model_dir)
@@ -134,7 +134,7 @@ def test_logged_policy_loss_is_the_surrogate_value(tiny_model_dir, aggregation, 
 
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
 def test_gradients_are_clipped_to_max_grad_norm_and_the_norm_before_is_logged(tiny_model_dir, max_grad_norm):
-    from grouprl.train.step import optimizer_step
+    from grouprl.train.engine.step import optimizer_step
 
     load_builtins()
     model = _model(tiny_model_dir)

@@ -14,11 +14,11 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.data.stream import PromptStream
 from grouprl.rollout.base import Rollout
-from grouprl.train.loop import advantage_function
+from grouprl.train.algorithms.grpo import advantage_function
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RunContext, generate_round
+from grouprl.train.algorithms.rounds import RunContext, generate_round
 from grouprl.train.score import RewardScorer
-from grouprl.train.step import step_totals
+from grouprl.train.engine.step import step_totals
 
 
 class Backend:
@@ -79,7 +79,7 @@ def test_zero_counts_none_as_zero():
 
 
 def test_step_totals_count_only_sequences_with_loss_tokens():
-    from grouprl.train.step import MicroBatch
+    from grouprl.train.engine.step import MicroBatch
 
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]])  # row 1 emptied (truncated or unknown reward)
     ones = torch.ones(3, 2, dtype=torch.long)
@@ -90,7 +90,7 @@ def test_step_totals_count_only_sequences_with_loss_tokens():
 
 def test_zero_std_groups_uses_the_advantage_tolerance():
     from grouprl.algo.advantages import grpo_advantages
-    from grouprl.train.round import zero_std_groups
+    from grouprl.train.algorithms.rounds import zero_std_groups
 
     # float32 rewards that differ by ~1e-10: std far below grpo's eps = 1e-8, so its advantages are all 0
     rewards = torch.tensor([[0.001] * 4, [0.0, 1.0, 0.0, 1.0], [2.0, 2.0, float("nan"), 2.0],

@@ -15,8 +15,8 @@ from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RoundBatch, RunContext, micro_batches
-from grouprl.train.step import LossSpec, NonFiniteError, batched_logps, completion_logps, optimizer_step
+from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+from grouprl.train.engine.step import LossSpec, NonFiniteError, batched_logps, completion_logps, optimizer_step
 
 
 def _model(path, **kw):
@@ -96,7 +96,7 @@ def test_skipped_steps_are_counted_and_too_many_in_a_row_stop_the_run(tiny_model
 
 
 def test_bf16_model_object_trains_with_fp32_master_weights(tiny_model_dir, train_rows, fast_config):
-    from grouprl.train.model import load_tokenizer
+    from grouprl.train.engine.model import load_tokenizer
     from grouprl.train.trainer import GRPOTrainer
 
     model = _model(tiny_model_dir).to(torch.bfloat16)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from train_helpers import TRAIN_ROWS, char_reward, train_records
 
-import grouprl.train.model as model_mod
+import grouprl.train.engine.model as model_mod
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.cli import main
 from grouprl.errors import ConfigError

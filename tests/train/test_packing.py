@@ -18,9 +18,9 @@ import torch
 
 from grouprl.config import GRPOConfig
 from grouprl.errors import ConfigError
-from grouprl.train import packing
-from grouprl.train.packing import first_fit_decreasing, pack, packing_supported
-from grouprl.train.step import MicroBatch, batched_logps, completion_logps, lm_head_parts
+from grouprl.train.engine import packing
+from grouprl.train.engine.packing import first_fit_decreasing, pack, packing_supported
+from grouprl.train.engine.step import MicroBatch, batched_logps, completion_logps, lm_head_parts
 
 V = 512
 
@@ -181,7 +181,7 @@ def test_packed_with_lora_and_activation_checkpointing_equals_padded():
     (the decoder layers recomputed in the backward with the packed position ids)."""
     from peft import LoraConfig, get_peft_model
 
-    from grouprl.train.model import enable_checkpointing
+    from grouprl.train.engine.model import enable_checkpointing
 
     batch = _batch(seed=13)
     weights = torch.randn(batch[2].shape, generator=torch.Generator().manual_seed(3))
@@ -253,9 +253,9 @@ def test_whole_grpo_optimizer_step_is_the_same_packed_or_padded():
     from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from grouprl.rollout.base import Rollout
     from grouprl.train.metrics import Timers
-    from grouprl.train.model import Reference
-    from grouprl.train.round import RoundBatch, RunContext, micro_batches
-    from grouprl.train.step import LossSpec, optimizer_step
+    from grouprl.train.engine.model import Reference
+    from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+    from grouprl.train.engine.step import LossSpec, optimizer_step
 
     load_builtins()
     p_ids, p_mask, c_ids, c_mask = _batch(seed=9)
@@ -336,7 +336,7 @@ def test_probe_refuses_a_decoder_without_position_ids():
 
 # ---- the config field -----------------------------------------------------------------------------------
 def test_padding_free_config_field(tmp_path):
-    from grouprl.train.resume_config import SAFE
+    from grouprl.run.resume_config import SAFE
 
     assert GRPOConfig().padding_free == "auto"
     assert GRPOConfig(padding_free=False).padding_free is False

@@ -14,7 +14,7 @@ from grouprl.config import GRPOConfig
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import SamplingParams
 from grouprl.rollout.lean import _decode, _prefill, copy_weights, lean_sample
-from grouprl.train.step import MicroBatch, batched_logps, mismatch_correction
+from grouprl.train.engine.step import MicroBatch, batched_logps, mismatch_correction
 
 
 def test_bf16_copy_is_a_copy_in_bf16_and_the_model_is_untouched(tiny_model_dir):
@@ -121,7 +121,7 @@ def test_validation_names_the_field(overrides, needle):
 def test_training_logs_mismatch_metrics(fast_config, tiny_model_dir, train_rows):
     from train_helpers import char_reward, read_metrics
 
-    from grouprl.train.loop import train
+    from grouprl.train.algorithms.grpo import train
 
     cfg = fast_config(model=str(tiny_model_dir), rollout_dtype="bfloat16", steps_per_generation=4)
     model, tok, *_ = _load(tiny_model_dir)

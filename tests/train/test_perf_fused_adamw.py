@@ -7,7 +7,7 @@ import copy
 import torch
 
 from grouprl.config import GRPOConfig
-from grouprl.train.model import build_optimizer
+from grouprl.train.engine.model import build_optimizer
 
 
 def test_fused_adamw_steps_like_the_reference(tiny_model_dir):

@@ -16,7 +16,7 @@ import torch
 
 from grouprl.algo import lmhead
 from grouprl.algo.lmhead import linear_log_softmax
-from grouprl.train.step import (
+from grouprl.train.engine.step import (
     LossSpec,
     MicroBatch,
     batched_logps,
@@ -268,7 +268,7 @@ def test_linear_log_softmax_bf16_inputs_give_fp32_logps_and_bf16_gradients():
 
 
 def test_chunked_head_with_activation_checkpointing_equals_plain_path():
-    from grouprl.train.model import enable_checkpointing
+    from grouprl.train.engine.model import enable_checkpointing
 
     model = _model("qwen2")
     enable_checkpointing(model)

@@ -9,8 +9,8 @@ import torch
 
 from grouprl.config import GRPOConfig
 from grouprl.errors import ConfigError
-from grouprl.train.model import Reference, reference_dtype
-from grouprl.train.step import MicroBatch, batched_logps
+from grouprl.train.engine.model import Reference, reference_dtype
+from grouprl.train.engine.step import MicroBatch, batched_logps
 
 
 def _model():
@@ -34,7 +34,7 @@ def _mb():
 
 
 def test_reference_dtype_names(monkeypatch):
-    from grouprl.train import precision
+    from grouprl.train.engine import precision
 
     monkeypatch.setattr(precision, "cpu_has_fast_bf16", lambda: False)  # bf16 CPUs: tests/train/test_bf16_cpu.py
     cpu = torch.device("cpu")
@@ -81,7 +81,7 @@ def test_lora_reference_shares_the_policy_whatever_ref_dtype():
 
 
 def test_prepare_model_passes_ref_dtype():
-    from grouprl.train.loop import prepare_model
+    from grouprl.train.algorithms.grpo import prepare_model
 
     cfg = GRPOConfig(kl_coef=0.04, ref_dtype="bfloat16")
     _, reference = prepare_model(cfg, _model())
@@ -97,7 +97,7 @@ def test_config_fields_validated():
 
 
 def test_resume_accepts_a_new_logits_chunk_size_and_refuses_a_new_ref_dtype():
-    from grouprl.train.resume_config import compare, config_record
+    from grouprl.run.resume_config import compare, config_record
 
     base = dict(num_generations=4, per_device_train_batch_size=8, model="m", dataset="d", max_steps=4)
     saved = config_record(GRPOConfig(**base))

@@ -14,8 +14,8 @@ from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RoundBatch, RunContext, micro_batches
-from grouprl.train.step import LossSpec, batched_logps, micro_batch_loss, step_totals
+from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+from grouprl.train.engine.step import LossSpec, batched_logps, micro_batch_loss, step_totals
 
 
 def _model(path):

@@ -96,7 +96,7 @@ def test_cli_resume_extends_a_finished_run(tiny_model_dir, tmp_path, capsys):
 
 
 def test_checkpoints_are_atomic_and_rotated(tiny_model_dir, train_rows, fast_config, tmp_path):
-    from grouprl.train.checkpoint import list_checkpoints
+    from grouprl.train.checkpoint.store import list_checkpoints
 
     cfg = _config(fast_config, tmp_path / "rot", save_total_limit=2)
     GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward).train()
@@ -210,9 +210,9 @@ def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir,
 
 
 def test_to_device_moves_every_tensor_of_a_saved_round():
-    from grouprl.train.checkpoint import to_device
-    from grouprl.train.round import Round
-    from grouprl.train.step import MicroBatch
+    from grouprl.train.checkpoint.store import to_device
+    from grouprl.train.algorithms.rounds import Round
+    from grouprl.train.engine.step import MicroBatch
 
     t = torch.ones(2, 3)
     mb = MicroBatch(t, t, t, t, t, torch.ones(2), old_logp=t.clone(), ref_logp=None)
@@ -227,7 +227,7 @@ def test_to_device_moves_every_tensor_of_a_saved_round():
 def test_resume_puts_the_saved_round_on_the_models_device(tiny_model_dir, train_rows, fast_config, tmp_path,
                                                           monkeypatch):
     from grouprl.train import checkpoint as ckpt
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.engine.model import build_optimizer
 
     cfg = fast_config(output_dir=str(tmp_path / "dev"), max_steps=1, gradient_accumulation_steps=1,
                       steps_per_generation=2, save_strategy="steps", save_steps=1)  # saved mid-round

@@ -63,7 +63,7 @@ def test_sampling_uses_the_full_softmax_the_loss_uses(tiny_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from grouprl.rollout.hf import generation_config
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

@@ -13,11 +13,11 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.data.stream import PromptStream
 from grouprl.rollout.base import Rollout
-from grouprl.train.loop import advantage_function
+from grouprl.train.algorithms.grpo import advantage_function
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RunContext, generate_round
+from grouprl.train.algorithms.rounds import RunContext, generate_round
 from grouprl.train.score import RewardScorer
-from grouprl.train.step import step_totals
+from grouprl.train.engine.step import step_totals
 
 
 class FakeBackend:
@@ -114,7 +114,7 @@ def test_truncated_completions_are_masked_out_of_the_loss():
 
 def test_step_plan_from_epochs_and_batch_arithmetic():
     from grouprl.errors import DataError
-    from grouprl.train.loop import plan_steps, should_save
+    from grouprl.train.algorithms.grpo import plan_steps, should_save
 
     # G=4, 4 completions x 2 micro-batches = 8 per round = 2 prompts; 10 rows -> 5 rounds per epoch
     cfg = GRPOConfig(num_generations=4, per_device_train_batch_size=4, gradient_accumulation_steps=2,
@@ -169,7 +169,7 @@ def test_dropped_groups_can_leave_empty_micro_batches(tiny_model_dir, fast_confi
     ("constant", [0.0, 1.0, 1.0, 1.0]),
 ])
 def test_warmup_then_schedule(kind, expected):
-    from grouprl.train.model import build_optimizer
+    from grouprl.train.engine.model import build_optimizer
 
     cfg = GRPOConfig(learning_rate=1.0, warmup_ratio=0.25, lr_scheduler_type=kind, num_generations=2,
                      per_device_train_batch_size=2, weight_decay=0.1, adam_beta2=0.95)

@@ -16,12 +16,12 @@ import pytest
 import torch
 from train_helpers import TRAIN_ROWS, char_reward, read_metrics, train_records
 
-import grouprl.train.model as model_mod
+import grouprl.train.engine.model as model_mod
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.cli import main
 from grouprl.errors import ConfigError, RewardError
-from grouprl.train import lock
-from grouprl.train.output_dir import decide_resume
+from grouprl.run import lock
+from grouprl.run.output_dir import decide_resume
 
 RECIPE = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def _env():
 
 
 # ---- 1. one run per output_dir ------------------------------------------------------------------------------
-HOLD = ("import sys, time; from grouprl.train import lock; lock.acquire(sys.argv[1]); print('held', flush=True); "
+HOLD = ("import sys, time; from grouprl.run import lock; lock.acquire(sys.argv[1]); print('held', flush=True); "
         "time.sleep(120)")
 
 
@@ -78,7 +78,7 @@ def test_a_second_run_into_a_locked_output_dir_refuses_naming_the_holder(tmp_pat
 
 # ---- 2. Ctrl-C -------------------------------------------------------------------------------------------------
 def test_graceful_stop_restores_the_previous_handlers():
-    from grouprl.train.signals import GracefulStop
+    from grouprl.run.signals import GracefulStop
 
     seen = []
     previous = signal.signal(signal.SIGINT, lambda s, f: seen.append(s))
@@ -176,7 +176,7 @@ def test_a_kill_during_the_final_save_logs_the_final_evaluation_once(tiny_model_
 def test_final_is_replaced_atomically(tiny_model_dir, tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from grouprl.train.checkpoint import save_final_atomic
+    from grouprl.train.checkpoint.store import save_final_atomic
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     save_final_atomic(model, None, tmp_path, 3)
@@ -263,7 +263,7 @@ def test_auto_in_the_recipes_continues_then_restarts(tiny_model_dir, tmp_path, c
     ("reward_funcs", ["exact"], False), ("kl_coef", 0.1, False), ("temperature", 0.5, False),
 ])
 def test_resume_config_changes_are_safe_or_refused(field, value, safe):
-    from grouprl.train.resume_config import SAFE, compare, config_record
+    from grouprl.run.resume_config import SAFE, compare, config_record
 
     base = dict(num_generations=4, per_device_train_batch_size=8, model="m", dataset="d", max_steps=4)
     saved = config_record(GRPOConfig(**base))
@@ -291,7 +291,7 @@ def test_resume_with_a_changed_num_generations_is_refused_before_the_model_loads
     out = tmp_path / "o"
     (out / "checkpoint-2").mkdir(parents=True)
     saved = GRPOConfig.from_yaml(str(RECIPE), ["model=/nonexistent", f"dataset={tmp_path}", f"output_dir={out}"])
-    from grouprl.train.resume_config import config_record
+    from grouprl.run.resume_config import config_record
 
     (out / "checkpoint-2" / "trainer_state.json").write_text(json.dumps({"step": 2, "config": config_record(saved)}))
     (out / "config.yaml").write_text("kept: as is\n")
@@ -323,7 +323,7 @@ def test_a_dataset_without_answer_warns_before_the_model_loads(fast_config, tmp_
                     reward_funcs=["accuracy"])
     err = capsys.readouterr().err
     assert "reward function 'accuracy' reads the column `answer`, which is not in the dataset" in err
-    from grouprl.train.reward_signal import missing_reward_columns
+    from grouprl.run.reward_signal import missing_reward_columns
 
     assert missing_reward_columns(["code"], [{"prompt": "p", "tests": None}])[0].startswith(
         "reward function 'code' reads the column `tests` / `test` / `test_list`, which is null in every row")

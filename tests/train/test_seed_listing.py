@@ -7,7 +7,7 @@ from pathlib import Path
 
 import datasets
 
-from grouprl.train.precision import cpu_has_fast_bf16
+from grouprl.train.engine.precision import cpu_has_fast_bf16
 
 LISTING = Path(__file__).parent / "seed" / "listing_3_5.py"
 

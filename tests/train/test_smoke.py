@@ -59,7 +59,7 @@ def test_kl_path_uses_frozen_reference(tiny_llama_dir, train_rows, fast_config):
 
 
 def test_lora_reference_is_the_base_without_a_copy(tiny_model_dir, train_rows, fast_config):
-    from grouprl.train.model import Reference
+    from grouprl.train.engine.model import Reference
 
     cfg = fast_config(use_peft=True, lora_r=4, lora_alpha=8, kl_coef=0.05, learning_rate=5e-3)
     trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=char_reward)

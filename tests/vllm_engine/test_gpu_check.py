@@ -46,7 +46,7 @@ def test_gpu_check_children_report_their_figures_on_cpu(gpu_check, tiny_model_di
     from metrics.jsonl exist, and the vLLM run reports the mismatch metrics."""
     import fake_vllm
 
-    from grouprl.train import precision
+    from grouprl.train.engine import precision
 
     # the script asks for bf16, meant for a GPU (generation under autocast: the trainer's own sampler); on a CPU
     # with bf16 instructions ``rollout_dtype: auto`` would sample from a bf16 copy instead, so say "no bf16 CPU"

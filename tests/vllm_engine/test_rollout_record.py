@@ -11,7 +11,7 @@ from grouprl.config import GRPOConfig
 from grouprl.rollout.base import Rollout, concat_rollouts
 from grouprl.rollout.vllm_backend import options_from
 from grouprl.train.metrics import Timers
-from grouprl.train.round import RoundBatch, RunContext, micro_batches
+from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
 
 
 def _rollout(N, T, logp=True, start=0.0):

@@ -17,14 +17,14 @@ from grouprl.rollout.vllm_backend import EngineError, VLLMBackend
 
 
 def _model_and_tokenizer(path):
-    from grouprl.train.model import load_model, load_tokenizer
+    from grouprl.train.engine.model import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(str(path), "cpu"), load_tokenizer(str(path))
 
 
 def _trainer_logp(model, out, temperature=1.0):
-    from grouprl.train.step import completion_logps
+    from grouprl.train.engine.step import completion_logps
 
     with torch.no_grad():
         logp, _ = completion_logps(model, out.prompt_ids, out.prompt_mask, out.completion_ids, out.completion_mask,
@@ -75,7 +75,7 @@ def test_missing_vllm_names_the_extra(tiny_model_dir, monkeypatch):
 
 
 def test_missing_vllm_fails_at_start_up_before_the_model_loads(tiny_model_dir, monkeypatch, tmp_path):
-    import grouprl.train.model as model_mod
+    import grouprl.train.engine.model as model_mod
     from grouprl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setitem(sys.modules, "vllm", None)
@@ -191,7 +191,7 @@ def test_a_folder_named_vllm_is_not_the_package(tmp_path, monkeypatch):
 
 def test_moving_the_server_is_a_safe_change_on_resume():
     from grouprl import GRPOConfig
-    from grouprl.train.resume_config import compare, config_record
+    from grouprl.run.resume_config import compare, config_record
 
     saved = config_record(GRPOConfig(rollout_backend="vllm", vllm_mode="server"))
     safe, unsafe = compare(saved, GRPOConfig(rollout_backend="vllm", vllm_mode="server",

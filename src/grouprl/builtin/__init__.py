@@ -1,6 +1,6 @@
 """Demo models that need no download, reachable only by name: ``model: builtin:<name>``.
 
-Nothing in the library imports this package statically: the model loader (``grouprl.train.model``)
+Nothing in the library imports this package statically: the model loader (``grouprl.train.engine.model``)
 asks for it with ``importlib.import_module("grouprl.builtin")`` when a model name starts with
 ``builtin:``, and :func:`model_path` looks the name up in :data:`MODELS`. So the training code carries
 no demo code, and a newcomer can delete or replace a demo without touching ``train/``.

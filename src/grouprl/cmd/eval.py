@@ -88,7 +88,7 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     from grouprl.data.load import check_rows, load_dataset_any
     from grouprl.errors import ConfigError
     from grouprl.train.evaluate import evaluate_model
-    from grouprl.train.model import (
+    from grouprl.train.engine.model import (
         apply_torch_threads,
         check_model_source,
         load_model,

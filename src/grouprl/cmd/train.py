@@ -35,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     cfg.check_names()
     cfg.check_reward_kwargs()
     configure_for_run(cfg)
-    from grouprl.train.lock import check_free, run_lock
-    from grouprl.train.output_dir import preflight
+    from grouprl.run.lock import check_free, run_lock
+    from grouprl.run.output_dir import preflight
 
     if args.nproc is not None and not args.dry_run:
         from grouprl.cmd.launch import launch
@@ -47,25 +47,25 @@ def run(args: argparse.Namespace) -> int:
         resume, _ = preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
         import yaml
 
-        from grouprl.train.startup import dry_run
+        from grouprl.run.checks import dry_run
 
-        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.dpo_run)
-            from grouprl.train.dpo_run import dry_run_dpo as dry_run
+        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.algorithms.dpo_run)
+            from grouprl.train.algorithms.dpo_run import dry_run_dpo as dry_run
         for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
             print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
     from contextlib import nullcontext
 
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
     dist.check_config(cfg, ranks.world)  # what N processes cannot run, before any model loads
-    from grouprl.train.signals import RunInterrupted
+    from grouprl.run.signals import RunInterrupted
 
     try:
-        if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.dpo_run), N ranks too
-            from grouprl.train.dpo_run import run_dpo
+        if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.algorithms.dpo_run), N ranks too
+            from grouprl.train.algorithms.dpo_run import run_dpo
 
             run_dpo(cfg, resume=args.resume)
             return 0

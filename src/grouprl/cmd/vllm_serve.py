@@ -42,7 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from grouprl.rollout.vllm_backend import engine_kwargs_for, require_vllm
-    from grouprl.train.model import resolve_model_path
+    from grouprl.train.engine.model import resolve_model_path
 
     vllm = require_vllm()
     path = resolve_model_path(args.model)

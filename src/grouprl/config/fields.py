@@ -383,7 +383,7 @@ class GRPOConfig:
     """Why the rewards of this recipe are what they are: a list of ``{reason, expected_effect, step}`` entries
     (``step`` optional) that the run report shows next to the measured effect."""
 
-    # ---- DPO (``algorithm: dpo``; grouprl.train.dpo) -------------------------------------------
+    # ---- DPO (``algorithm: dpo``; grouprl.train.algorithms.dpo) -------------------------------------------
     dpo_loss: str = "sigmoid"
     """Preference loss of ``algorithm: dpo``: ``sigmoid`` = DPO, -log sigmoid(beta * h) on the summed
     completion log-probs (Rafailov et al., arXiv:2305.18290, Eq. 7); ``ipo`` = (h - 1/(2 beta))^2 on the

@@ -40,14 +40,14 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     # RLOO, arXiv:2402.14740, Eq. 9: leave-one-out baseline, no std division.
     "rloo": dict(policy_loss="grpo", epsilon=0.2, epsilon_high=0.2, advantage="rloo", scale_rewards="none",
                  loss_aggregation="token_mean", **_COMMON),
-    # PPO, arXiv:1707.06347, Eq. 7 on token advantages from GAE over a critic (grouprl.train.ppo); with
+    # PPO, arXiv:1707.06347, Eq. 7 on token advantages from GAE over a critic (grouprl.train.algorithms.ppo); with
     # kl_coef > 0 the KL is a per-token reward (kl_mode, InstructGPT arXiv:2203.02155 Eq. 2). `advantage`
     # is not used: PPO's advantages come from the critic (validate.check_ppo rejects setting it).
     "ppo": dict(policy_loss="grpo", epsilon=0.2, epsilon_high=0.2, advantage="grpo", loss_aggregation="token_mean",
                 **_COMMON),
 }
 OFFLINE_ALGORITHMS = ("dpo",)
-"""Algorithms with their own loop (grouprl.train.dpo) and fields (``dpo_*``): no preset to fill."""
+"""Algorithms with their own loop (grouprl.train.algorithms.dpo) and fields (``dpo_*``): no preset to fill."""
 LOSS_OWNED = ("epsilon", "epsilon_high")
 """Preset fields that belong to the preset's policy loss (applied only while that loss is used)."""
 ADVANTAGE_OWNED = ("scale_rewards",)

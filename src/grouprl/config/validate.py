@@ -207,7 +207,7 @@ def check_consistency(cfg: Any) -> None:
 
 PPO_FIELDS = ("critic_model", "critic_learning_rate", "vf_coef", "cliprange_value", "gamma", "lam",
               "whiten_advantages", "kl_mode")
-"""Fields read only by ``algorithm: ppo`` (grouprl.train.ppo)."""
+"""Fields read only by ``algorithm: ppo`` (grouprl.train.algorithms.ppo)."""
 
 
 def check_ppo(cfg: Any) -> None:
@@ -251,7 +251,7 @@ def check_rollout_engine(cfg: Any) -> None:
                           f"algorithm={cfg.algorithm!r}, tools/environment set: {agent}). Fix: rollout_dtype: "
                           f"auto, or rollout_backend: transformers with lean_sampler unset and no tools.")
     # the transformers backend in fp32 samples with the trainer's own weights: nothing to correct. With bf16 and
-    # rollout_dtype auto it may sample from a bf16 copy (a bf16 CPU: train/precision.py, resolved at start-up;
+    # rollout_dtype auto it may sample from a bf16 copy (a bf16 CPU: train/engine/precision.py, resolved at start-up;
     # round.py refuses tis / mask then if the sampler turns out to be the trainer's own weights)
     maybe_low = getattr(cfg, "rollout_dtype", "auto") == "auto" and bool(getattr(cfg, "bf16", False))
     own = cfg.rollout_backend == "transformers" and not low

@@ -8,7 +8,7 @@ cannot be trained on (a missing column, an empty value, ``chosen == rejected``) 
 ``builtin:arithmetic_prefs`` are pairs made offline from a model's own samples on the ``arithmetic``
 training prompts, labelled by the same verifiable reward GRPO trains on (:func:`pairs_from_samples`):
 ``chosen`` = a sample the reward scores correct, ``rejected`` = one it scores wrong; prompts whose samples
-all agree give no pair. The sampling itself needs a model, so the trainer (``grouprl.train.dpo``) draws the
+all agree give no pair. The sampling itself needs a model, so the trainer (``grouprl.train.algorithms.dpo``) draws the
 samples and this module turns them into pairs and caches the result under
 ``<cache_dir>/prefs/arithmetic_prefs-<hash>`` (``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else
 ``~/.cache/grouprl``, as the built-in warm starts), the hash covering everything that determines the pairs.
@@ -30,7 +30,7 @@ from grouprl.errors import DataError
 
 COLUMNS = ("prompt", "chosen", "rejected")
 BUILTIN_PREFS = ("arithmetic_prefs",)
-"""``builtin:<name>`` preference datasets (built from the policy's own samples by grouprl.train.dpo)."""
+"""``builtin:<name>`` preference datasets (built from the policy's own samples by grouprl.train.algorithms.dpo)."""
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 PAIRS_FILE = "pairs.jsonl"
@@ -106,7 +106,7 @@ def split_kwargs(dataset_kwargs: dict) -> tuple[dict[str, Any], dict[str, Any]]:
 def builtin_prefs_split(name: str, split: str, **dataset_kwargs: Any):
     """The held-out split of a built-in preference dataset: the ``arithmetic`` task's own test split (prompts
     with answers, what GRPO evaluates on). Its training pairs come from a model's samples, so they are built by
-    ``grouprl train`` with ``algorithm: dpo`` (grouprl.train.dpo_prefs), not here."""
+    ``grouprl train`` with ``algorithm: dpo`` (grouprl.train.algorithms.dpo_prefs), not here."""
     from grouprl.data.tasks import load_task
 
     if split == "train":

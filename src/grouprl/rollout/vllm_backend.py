@@ -16,7 +16,7 @@ On N processes (``accelerate launch``): in colocate mode every rank runs its own
 seed ``sampling_seed + rank``, generates for its own share of the prompts and takes the weights once per
 generation round. In server mode there is one engine for every rank, and rank 0 alone talks to it, as
 TRL's server mode does: only rank 0 connects and pushes the weights (once per round), and the trainer
-(``grouprl.train.round.generate``) gathers every rank's prompts to rank 0, which generates them in one
+(``grouprl.train.algorithms.rounds.generate``) gathers every rank's prompts to rank 0, which generates them in one
 request, then hands each rank its rows (``shared_engine = True`` asks for that).
 
 Weights go in through the engine's own loader, ``model.load_weights([(name, tensor), ...])`` (the call vLLM's
@@ -316,7 +316,7 @@ class VLLMBackend:
 
         if self.engine is None:
             raise EngineError(f"rank {self.rank} has no vLLM engine: in vllm_mode=server rank 0 generates for every "
-                              f"rank (grouprl.train.round.generate).")
+                              f"rank (grouprl.train.algorithms.rounds.generate).")
         if not self._synced:  # the engine loaded the weights on disk; the trainer's may differ (a resume)
             self.sync_weights(self.model)
         ids, mask = tokenize_left(self.tokenizer, prompts, params.max_prompt_length)

@@ -1,4 +1,4 @@
-"""Training: ``GRPOTrainer`` (facade) and ``train`` (the loop in ``grouprl.train.loop``)."""
+"""Training: ``GRPOTrainer`` (facade) and ``train`` (the loop in ``grouprl.train.algorithms.grpo``)."""
 
 from __future__ import annotations
 

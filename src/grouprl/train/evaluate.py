@@ -106,8 +106,8 @@ def evaluate_model(cfg: Any, model: Any, tokenizer: Any, rows: list[dict], rewar
 
     from grouprl.rollout import make_backend
     from grouprl.rollout.vllm_backend import options_from as vllm_options
-    from grouprl.train.model import autocast_factory
-    from grouprl.train.precision import generation_context
+    from grouprl.train.engine.model import autocast_factory
+    from grouprl.train.engine.precision import generation_context
 
     temperature, num_samples, ks = decoding_plan(cfg, temperature, num_samples, ks)
     if agent is None:

@@ -43,8 +43,8 @@ class GRPOTrainer:
                               f"`from grouprl import GRPOConfig`.")
         if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
             raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
-                              "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
-        from grouprl.train.startup import apply_task_defaults
+                              "`grouprl train -c recipe.yaml` or call grouprl.train.algorithms.dpo_run.run_dpo(config).")
+        from grouprl.run.checks import apply_task_defaults
 
         apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
         cfg.validate()
@@ -53,10 +53,10 @@ class GRPOTrainer:
         from grouprl.sandbox.config import configure_for_run
 
         configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
-        from grouprl.train import startup
+        from grouprl.run import checks as startup
 
         startup.preflight(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
-        from grouprl.train.model import (
+        from grouprl.train.engine.model import (
             apply_peft,
             apply_torch_threads,
             check_model_source,
@@ -68,7 +68,7 @@ class GRPOTrainer:
         source = model if model is not None else cfg.model
         if source is None:
             raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
-        from grouprl.train import dist
+        from grouprl.train.parallel import ranks as dist
         from grouprl.train.score import resolve_reward_funcs
 
         self.device = dist.current().device(pick_device(cfg.device))  # cuda:<local_rank> under accelerate
@@ -83,7 +83,7 @@ class GRPOTrainer:
         self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
-        from grouprl.train.reward_signal import warn_missing_reward_columns
+        from grouprl.run.reward_signal import warn_missing_reward_columns
 
         warn_missing_reward_columns(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
                                     self.train_dataset)  # no `answer` for accuracy: said before the model loads
@@ -134,19 +134,20 @@ class GRPOTrainer:
 
         A fresh run (no ``resume_from_checkpoint`` here or in the config) into an output_dir holding an
         earlier run's checkpoints or final model raises ConfigError unless ``overwrite_output_dir`` is true,
-        which deletes that run's checkpoints, final model and logs first (``grouprl.train.output_dir``).
-        The run holds ``<output_dir>/.lock`` throughout (``grouprl.train.lock``); SIGINT / SIGTERM save a
-        checkpoint and raise ``grouprl.train.signals.RunInterrupted``; a resume may change only the fields
-        of ``grouprl.train.resume_config.SAFE``."""
+        which deletes that run's checkpoints, final model and logs first (``grouprl.run.output_dir``).
+        The run holds ``<output_dir>/.lock`` throughout (``grouprl.run.lock``); SIGINT / SIGTERM save a
+        checkpoint and raise ``grouprl.run.signals.RunInterrupted``; a resume may change only the fields
+        of ``grouprl.run.resume_config.SAFE``."""
         from grouprl.config.io import write_yaml
-        from grouprl.train import dist, reporting
-        from grouprl.train.checkpoint import save_final_atomic
-        from grouprl.train.lock import run_lock
-        from grouprl.train.loop import train
-        from grouprl.train.output_dir import resume_checkpoint, start_run
-        from grouprl.train.startup import check_resume_model, recorded_config
+        from grouprl.train.parallel import ranks as dist
+        from grouprl.run import reporting
+        from grouprl.train.checkpoint.store import save_final_atomic
+        from grouprl.run.lock import run_lock
+        from grouprl.train.algorithms.grpo import train
+        from grouprl.run.output_dir import resume_checkpoint, start_run
+        from grouprl.run.checks import check_resume_model, recorded_config
 
-        cfg, ranks = self.config, dist.current()  # ranks: rank 0 alone touches the run's files (train/dist.py)
+        cfg, ranks = self.config, dist.current()  # ranks: rank 0 alone touches the run's files (train/parallel/ranks.py)
 
         def prepare() -> Any:  # rank 0: resume or fresh, config checks, config.yaml, run_meta.json
             resume = start_run(cfg, resume_from_checkpoint)
@@ -172,7 +173,7 @@ class GRPOTrainer:
 
     def save_model(self, path: str | Path) -> Path:
         """``save_pretrained`` the model (an adapter for LoRA runs) and the tokenizer into ``path``."""
-        from grouprl.train.model import save_final
+        from grouprl.train.engine.model import save_final
 
         return save_final(self.model, self.tokenizer, path)
 
@@ -190,7 +191,7 @@ class GRPOTrainer:
 
 def _tokenizer_for(source: Any, processing_class: Any):
     """The given tokenizer, or the one saved with the model (hub id, path, builtin name or loaded model)."""
-    from grouprl.train.model import load_tokenizer, resolve_model_path
+    from grouprl.train.engine.model import load_tokenizer, resolve_model_path
 
     if processing_class is not None:
         return load_tokenizer(None, processing_class)

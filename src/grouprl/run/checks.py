@@ -130,7 +130,7 @@ def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
 
 def preflight(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
-    folder is checked after the data, by ``grouprl.train.model.check_model_source``.)"""
+    folder is checked after the data, by ``grouprl.train.engine.model.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint
@@ -169,7 +169,7 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     if isinstance(cfg.model, str):
         check_model_folder(cfg.model)
     if isinstance(cfg.model, str) and (Path(cfg.model).expanduser() / "config.json").is_file():
-        from grouprl.train.output_dir import resume_checkpoint
+        from grouprl.run.output_dir import resume_checkpoint
 
         check_resume_model(_read_config(Path(cfg.model).expanduser()) or {}, resume_checkpoint(cfg, resume))
     return [n for n in notes if n]
@@ -201,7 +201,7 @@ def model_context(source: Any) -> int | None:
         return context_length(getattr(source, "config", None))
     from transformers import AutoConfig
 
-    from grouprl.train.model import resolve_model_path
+    from grouprl.train.engine.model import resolve_model_path
 
     try:
         return context_length(AutoConfig.from_pretrained(resolve_model_path(source)))

@@ -10,7 +10,7 @@ accelerate's ``FullyShardedDataParallelPlugin`` and applies ``fully_shard`` itse
 final norm, LM head). The same code runs on GPUs (NCCL) and CPUs (gloo).
 
 Exact gradients. grouprl normalises every micro-batch loss by the token / sequence counts of the whole
-global step (``train/dist.py``), so the global gradient is the SUM of the ranks' gradients. FSDP's
+global step (``train/parallel/ranks.py``), so the global gradient is the SUM of the ranks' gradients. FSDP's
 reduce-scatter averages by default; every unit here gets ``set_gradient_divide_factor(1.0)`` and
 ``set_force_sum_reduction_for_comms(True)``: a plain SUM reduce-scatter (gloo has no ``PREMUL_SUM``).
 Each rank then holds the summed gradient of its shard; ``clip_grad_norm_`` takes the global norm over the

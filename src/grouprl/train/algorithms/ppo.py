@@ -41,23 +41,23 @@ from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import reporting
+from grouprl.run import reporting
 from grouprl.train.agent import build_agent
-from grouprl.train.critic import build_critic, critic_values
-from grouprl.train.loop import _evaluate, plan_steps, should_save
+from grouprl.train.algorithms.critic import build_critic, critic_values
+from grouprl.train.algorithms.grpo import _evaluate, plan_steps, should_save
 from grouprl.train.metrics import MetricsLogger, Timers, report_step, round_metrics, round_samples
-from grouprl.train.model import (
+from grouprl.train.engine.model import (
     Reference,
     autocast_factory,
     build_optimizer,
     enable_checkpointing,
     upcast_trainable,
 )
-from grouprl.train.resume_config import config_record
-from grouprl.train.reward_signal import RewardWatch
-from grouprl.train.round import Round, RoundBatch, RunContext, micro_batches, sample_and_score
-from grouprl.train.signals import GracefulStop
-from grouprl.train.step import (
+from grouprl.run.resume_config import config_record
+from grouprl.run.reward_signal import RewardWatch
+from grouprl.train.algorithms.rounds import Round, RoundBatch, RunContext, micro_batches, sample_and_score
+from grouprl.run.signals import GracefulStop
+from grouprl.train.engine.step import (
     LossSpec,
     MicroBatch,
     SkipGuard,

@@ -31,14 +31,14 @@ from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
-from grouprl.train import dist
+from grouprl.train.parallel import ranks as dist
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.evaluate import completions_for_rewards
 from grouprl.train.metrics import Timers, round_metrics, round_samples
-from grouprl.train.model import Reference
-from grouprl.train.precision import generation_context
+from grouprl.train.engine.model import Reference
+from grouprl.train.engine.precision import generation_context
 from grouprl.train.score import RewardScorer
-from grouprl.train.step import MicroBatch, batched_logps
+from grouprl.train.engine.step import MicroBatch, batched_logps
 
 
 @dataclass
@@ -105,7 +105,7 @@ def sample_and_score(ctx: RunContext, idx: list[int], timers: Timers) -> Scored:
     with timers("generate"):
         texts = [render_prompt(r[cfg.prompt_column], ctx.tokenizer, cfg.system_prompt, cfg.apply_chat_template)
                  for r in rows]
-        with generation_context(ctx.autocast):  # no autocast on a CPU: train/precision.py
+        with generation_context(ctx.autocast):  # no autocast on a CPU: train/engine/precision.py
             rollout = generate(ctx.backend, texts, G, params)
     with timers("reward"):
         expanded = [r for r in rows for _ in range(G)]
@@ -237,7 +237,7 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     """The kept groups as one batch; advantages per sampled part, so ``scale='group'`` sees whole groups
     and ``scale='batch'`` the batch that was sampled."""
     G = ctx.cfg.num_generations
-    # per sampled part, on the rewards of every rank (train/dist.py: a batch std sees the global batch);
+    # per sampled part, on the rewards of every rank (train/parallel/ranks.py: a batch std sees the global batch);
     # a part this rank did not generate joins the collective with no rows
     part_adv = [dist.current().global_advantage(ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
                 for s in parts]

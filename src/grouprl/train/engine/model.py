@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError
-from grouprl.train.precision import autocast_factory as autocast_factory  # re-exported: loop, dpo, ppo
-from grouprl.train.precision import bf16_autocast_device
+from grouprl.train.engine.precision import autocast_factory as autocast_factory  # re-exported: loop, dpo, ppo
+from grouprl.train.engine.precision import bf16_autocast_device
 
 log = logging.getLogger("grouprl")
 
@@ -29,14 +29,14 @@ def check_model_source(name: str, what: str = "model") -> None:
     """Fail fast, before data or weights load, when ``name`` cannot be found.
 
     A local directory must be a saved model or adapter (a run folder gets "use <dir>/final"), and a name that
-    looks like a path but is none is "no such folder" (:func:`grouprl.train.startup.check_model_folder`).
+    looks like a path but is none is "no such folder" (:func:`grouprl.run.checks.check_model_folder`).
     A ``builtin:`` name passes. Anything else is a hub id: it passes when it is in the local cache, in offline mode (transformers then reports a cache miss itself), or when the hub answers
     one quick request; otherwise a ConfigError names the model and the fixes -- instead of ~50 s of
     silent retries and a traceback.
     """
     from pathlib import Path
 
-    from grouprl.train.startup import check_model_folder
+    from grouprl.run.checks import check_model_folder
 
     check_model_folder(name, what)
     if name.startswith("builtin:") or Path(name).expanduser().is_dir():
@@ -98,7 +98,7 @@ def load_model(model: Any, device: torch.device):
         try:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except OSError as e:
-            from grouprl.train.fsdp import checkpoint_hint
+            from grouprl.train.parallel.fsdp import checkpoint_hint
 
             raise ConfigError(f"model {model!r} could not be loaded ({e}). " + (checkpoint_hint(path) or (
                 "Give a hub id, a local directory with config.json, or builtin:<name>."))) from e
@@ -151,7 +151,7 @@ def apply_peft(model: Any, cfg: Any, peft_config: Any = None):
 def reference_dtype(name: str, device: torch.device, bf16: bool = False) -> torch.dtype:
     """``ref_dtype`` -> a torch dtype. ``auto`` follows the compute dtype: bfloat16 when bf16 autocast is in
     effect (``bf16`` on a CUDA device with bf16 support, or on a CPU with AVX512-BF16 / AMX-BF16:
-    :func:`grouprl.train.precision.bf16_autocast_device`; the reference's matmuls would run in bf16 anyway,
+    :func:`grouprl.train.engine.precision.bf16_autocast_device`; the reference's matmuls would run in bf16 anyway,
     and bf16 storage skips the per-call weight casts), else float32. With ``bf16: false`` a CPU keeps an
     fp32 reference: bf16 storage is faster there (benchmarks/bf16_cpu.py) but moves the log-probs by up to
     ~1e-2, so the KL of the first step is no longer exactly 0; ask for it by name."""
@@ -228,7 +228,7 @@ def enable_checkpointing(model: Any) -> None:
 def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = None):
     """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
     without peft) with the adapter itself in ``<path>/adapter``. ``state_dict``: the full weights of a
-    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.fsdp.gather_state_dict``)."""
+    sharded (FSDP) model, gathered on rank 0 (``grouprl.train.parallel.fsdp.gather_state_dict``)."""
     from pathlib import Path
 
     path = Path(path)
@@ -237,7 +237,7 @@ def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = 
         model.save_pretrained(path / "adapter")
         copy.deepcopy(model).merge_and_unload().save_pretrained(path)
     else:
-        from grouprl.train.fsdp import is_sharded, save_full
+        from grouprl.train.parallel.fsdp import is_sharded, save_full
 
         if state_dict is not None or is_sharded(model):
             save_full(model, path, state_dict)

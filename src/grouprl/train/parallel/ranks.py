@@ -18,9 +18,9 @@ What N processes mean (``docs/DISTRIBUTED.md``):
   parameters stay replicated. This is DDP's all-reduce without its mean (DDP divides by N; with a
   global-count normaliser that would shrink the step N-fold) and without its per-backward hooks, so
   ranks may run different numbers of micro-batch backwards (dynamic sampling ``drop``).
-  Hand-written because it is ~10 lines and exact. With FSDP2 (``train/fsdp.py``, when accelerate is
+  Hand-written because it is ~10 lines and exact. With FSDP2 (``train/parallel/fsdp.py``, when accelerate is
   configured for it) the weights and optimizer states are sharded instead, and FSDP's reduce-scatter sums
-  the gradients (its division by N switched off); with DeepSpeed ZeRO-2/3 (``train/deepspeed.py``) its
+  the gradients (its division by N switched off); with DeepSpeed ZeRO-2/3 (``train/parallel/deepspeed.py``) its
   engine reduces and steps, each backward of N x the loss.
 * Failures. Every collective here first all-reduces an error flag. A rank that raises calls
   :meth:`Dist.fail` from :meth:`Dist.failures`, which joins that flag with 1 and sends its message; the
@@ -41,8 +41,8 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
-from grouprl.train.deepspeed import ZeroSharding
-from grouprl.train.fsdp import Sharding
+from grouprl.train.parallel.deepspeed import ZeroSharding
+from grouprl.train.parallel.fsdp import Sharding
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
 """Seconds any collective may wait for the other ranks (default 1800: rank 0 evaluating while the
@@ -62,7 +62,7 @@ class Dist(ZeroSharding, Sharding):
         self.rank = int(state.process_index) if state is not None else 0
         self.world = int(state.num_processes) if state is not None else 1
         self._in_collective = self._broken = False  # broken: a collective raised (peer gone, timeout)
-        self.sharded = False  # FSDP2 (train/fsdp.py): set by shard()
+        self.sharded = False  # FSDP2 (train/parallel/fsdp.py): set by shard()
 
     @property
     def is_main(self) -> bool:
@@ -282,7 +282,7 @@ class Dist(ZeroSharding, Sharding):
         """After ``checkpoint.load_checkpoint``: this rank's RNG and unfinished round from a checkpoint of
         the same world size; otherwise the unfinished round is dropped (its groups live on ranks that
         no longer exist; the next round starts at the saved data position) and ranks reseed."""
-        from grouprl.train.checkpoint import set_rng_state, to_device
+        from grouprl.train.checkpoint.store import set_rng_state, to_device
 
         ranks = saved.pop("ranks", None)
         if ranks is not None and len(ranks) == self.world:
@@ -337,15 +337,16 @@ def check_config(cfg: Any, world: int) -> None:
         raise ConfigError(f"algorithm='ppo' with {world} processes is not supported (its loop and critic run on "
                           f"one process). Fix: launch one process, or algorithm=grpo / gspo / dpo, which run on "
                           f"several.")
-    from grouprl.train import deepspeed, fsdp
+    from grouprl.train.parallel import deepspeed
 
+    from grouprl.train.parallel import fsdp
     for plugin in (fsdp, deepspeed):
         if world > 1 and plugin.requested():
             plugin.check_config(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
-    from grouprl.train.checkpoint import to_device
+    from grouprl.train.checkpoint.store import to_device
 
     return to_device(copy.deepcopy(obj), "cpu")  # a copy: to_device moves dataclass fields in place
 
@@ -372,11 +373,11 @@ def _partial_state() -> Any:
         raise ConfigError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds (e.g. {TIMEOUT_ENV}=600).") from None
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
-        from grouprl.train.deepspeed import check_env as check_deepspeed
+        from grouprl.train.parallel.deepspeed import check_env as check_deepspeed
 
         check_deepspeed()  # ZeRO-2/3, no offloading, no DeepSpeed fp16/bf16
     if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
-        from grouprl.train.fsdp import check_env
+        from grouprl.train.parallel.fsdp import check_env
 
         check_env()  # FSDP2 only, no parameter offloading
     return PartialState(cpu=cpu, timeout=timedelta(seconds=seconds))

@@ -23,7 +23,7 @@ pairs; each loss is normalised by the pairs of the whole global step, so the gra
 reference log-probs are computed once, each rank for its share of the pairs, then gathered. Rank 0 alone
 logs, evaluates and writes checkpoints. Simplification: pairs are re-tokenised from their text (as TRL
 does). What ``grouprl train`` does around this loop (checks, data, model, final model) is in
-:mod:`grouprl.train.dpo_run`.
+:mod:`grouprl.train.algorithms.dpo_run`.
 """
 
 from __future__ import annotations
@@ -43,13 +43,14 @@ from grouprl.data.prefs import check_pref_rows
 from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import dist, reporting
+from grouprl.train.parallel import ranks as dist
+from grouprl.run import reporting
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger
-from grouprl.train.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
-from grouprl.train.resume_config import config_record
-from grouprl.train.signals import GracefulStop
-from grouprl.train.step import SkipGuard, completion_logps
+from grouprl.train.engine.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
+from grouprl.run.resume_config import config_record
+from grouprl.run.signals import GracefulStop
+from grouprl.train.engine.step import SkipGuard, completion_logps
 
 LOSSES = {"sigmoid": dpo_sigmoid_loss, "ipo": dpo_ipo_loss}
 """dpo_loss -> the loss function of grouprl.algo.losses."""
@@ -282,7 +283,7 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
         return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
-    # leaving: every rank stops with an error at its next collective (train/dist.py), handlers back, logs closed
+    # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
     with stop, closing(logger), ranks.failures():
         if resume_path is None and cfg.eval_before_train:
             run_eval("before")

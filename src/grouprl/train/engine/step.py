@@ -8,7 +8,7 @@ tokens go through the LM head, ``logits_chunk_size`` positions at a time in the 
 kept from the forward up to ``lmhead.KEEP_SOFTMAX_BYTES`` per call, and recomputes the rest). Other models are asked for the logits of
 the completion positions only (``logits_to_keep = T + 1``) and take the chunked ``selective_log_softmax``.
 With ``padding_free`` (the config field) the decoder runs instead on the micro-batch's sequences packed
-end to end into fewer rows (:mod:`grouprl.train.packing`), so padding is not computed either.
+end to end into fewer rows (:mod:`grouprl.train.engine.packing`), so padding is not computed either.
 ``plain=True`` is the straightforward path (full logits, full ``log_softmax``) kept for equivalence tests.
 
 Shapes: N sequences in the micro-batch, P prompt tokens (left-padded), T completion tokens.
@@ -24,8 +24,9 @@ import torch
 from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
-from grouprl.train import dist, packing
+from grouprl.train.parallel import ranks as dist
 
+from grouprl.train.engine import packing
 DEFAULT_LOGITS_CHUNK = 1024  # positions per chunk through the LM head (benchmarks/logits_memory.py)
 
 
@@ -135,9 +136,9 @@ def completion_logps(model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Te
     only the trimmed columns do. Callers weight every position by a mask, so no value at padding is used.
 
     ``padding_free`` (the config field of the same name; on the chunked-head path only): ``True`` packs the
-    sequences' real tokens into rows with per-sequence position ids (:mod:`grouprl.train.packing`) where
+    sequences' real tokens into rows with per-sequence position ids (:mod:`grouprl.train.engine.packing`) where
     the model passes the packing probe; ``"auto"`` does so only where the packed rows' estimated cost
-    (:func:`grouprl.train.packing.row_cost`) is at most :data:`AUTO_PACK_RATIO` of the trimmed batch's;
+    (:func:`grouprl.train.engine.packing.row_cost`) is at most :data:`AUTO_PACK_RATIO` of the trimmed batch's;
     ``False`` never. The result is the same ``[N, T]``.
     """
     T = completion_ids.shape[1]
@@ -177,7 +178,7 @@ def _pad_right(x: torch.Tensor, T: int) -> torch.Tensor:
     return x if x.shape[1] == T else torch.nn.functional.pad(x, (0, T - x.shape[1]))
 
 
-# "auto" packs a micro-batch when the packed rows' estimated cost (grouprl.train.packing.row_cost: token
+# "auto" packs a micro-batch when the packed rows' estimated cost (grouprl.train.engine.packing.row_cost: token
 # positions, attention share added) is at most this fraction of the trimmed batch's (benchmarks/README.md,
 # "Padding-free packing").
 AUTO_PACK_RATIO = 0.95
@@ -186,7 +187,7 @@ AUTO_PACK_RATIO = 0.95
 def _packed_hidden(model, head, prompt_ids, prompt_mask, completion_ids, completion_mask, padding_free):
     """The decoder's last hidden state at the position predicting each real completion token ``[K, H]``
     (row-major order of ``completion_mask``) from packed rows, or None to take the padded path: packing
-    off, not applicable (:func:`grouprl.train.packing.pack`), not paying (``auto``), or unsupported."""
+    off, not applicable (:func:`grouprl.train.engine.packing.pack`), not paying (``auto``), or unsupported."""
     if padding_free is False:
         return None
     decoder, weight = head[0], head[1]
@@ -382,17 +383,17 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
                    timers: Any) -> dict[str, float]:
     """Accumulate the micro-batch gradients (normalised by the whole step's totals), clip, step.
 
-    ``ctx`` carries ``cfg``, ``model`` and ``autocast`` (a ``grouprl.train.round.RunContext``).
+    ``ctx`` carries ``cfg``, ``model`` and ``autocast`` (a ``grouprl.train.algorithms.rounds.RunContext``).
     A step whose loss or gradient norm is not finite is skipped: its gradients are dropped, neither the
     optimizer nor the learning-rate schedule moves (the schedule counts applied updates), and the result
     has ``skipped = 1.0`` and ``skip_reason``; the caller still advances its step counter, so the data
     order and the round structure stay those of a run without the skip.
     """
-    cfg, ranks = ctx.cfg, dist.current()  # ranks: no-ops in one process (grouprl.train.dist)
+    cfg, ranks = ctx.cfg, dist.current()  # ranks: no-ops in one process (grouprl.train.parallel.ranks)
     mbs = [mb for mb in mbs if mb.prompt_ids.shape[0] > 0]
     totals = ranks.global_totals(step_totals(mbs, cfg.max_new_tokens))  # counts of the GLOBAL step
-    if ranks.engine is not None:  # DeepSpeed ZeRO (train/deepspeed.py): its engine reduces, clips and steps
-        from grouprl.train.deepspeed import zero_step
+    if ranks.engine is not None:  # DeepSpeed ZeRO (train/parallel/deepspeed.py): its engine reduces, clips and steps
+        from grouprl.train.parallel.deepspeed import zero_step
 
         acc, grad_norm, finite_loss, skipped, lr = zero_step(
             ranks, ctx, mbs, lambda model, mb: micro_batch_loss(model, mb, spec, totals), combine, scheduler, timers)

@@ -4,10 +4,10 @@ Layout of ``<output_dir>/checkpoint-<step>/``:
   model files (``save_pretrained``: loads in transformers / vLLM unchanged; an adapter for LoRA runs),
   tokenizer files, ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, step, and the
   unfinished generation round, if any) and ``trainer_state.json`` (the human-readable part).
-A run sharded with FSDP (``grouprl.train.fsdp``) writes instead of the model files and the optimizer
+A run sharded with FSDP (``grouprl.train.parallel.fsdp``) writes instead of the model files and the optimizer
 state ``distcp/`` (torch.distributed.checkpoint: every rank's shards of the model and the optimizer,
 loadable on any number of ranks, or one process) next to ``config.json``; ``trainer_state.pt`` keeps the rest.
-A DeepSpeed ZeRO run (``grouprl.train.deepspeed``) writes ``deepspeed/`` instead (``engine.save_checkpoint``;
+A DeepSpeed ZeRO run (``grouprl.train.parallel.deepspeed``) writes ``deepspeed/`` instead (``engine.save_checkpoint``;
 it resumes on the same number of ranks, ZeRO-2 also on another through DeepSpeed's universal checkpoint).
 A checkpoint is written to ``.tmp-checkpoint-<step>``, flushed to disk (fsync) and renamed when complete;
 ``final/`` likewise (:func:`save_final_atomic`), so a kill never leaves a folder that looks finished.
@@ -131,8 +131,8 @@ def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: 
     """Write ``<output_dir>/final`` as a whole or not at all: into ``.tmp-final``, fsync, mark it complete
     (``final/.complete`` holds the step), then rename over any earlier ``final/``. ``state_dict``: the
     gathered full weights of a sharded model (``Dist.full_state_dict``)."""
-    from grouprl.train.model import save_final
-    from grouprl.train.output_dir import COMPLETE
+    from grouprl.train.engine.model import save_final
+    from grouprl.run.output_dir import COMPLETE
 
     root = Path(output_dir)
     tmp, final, old = root / ".tmp-final", root / "final", root / ".old-final"
@@ -197,7 +197,7 @@ def resolve_resume(resume: Any, output_dir: str | Path) -> Path | None:
     """``True`` / ``"latest"`` -> newest checkpoint in output_dir; a path -> that path; falsy -> None;
     ``"auto"`` -> the newest checkpoint of an unfinished run, else None (``output_dir.decide_resume``)."""
     if resume == "auto":
-        from grouprl.train.output_dir import decide_resume
+        from grouprl.run.output_dir import decide_resume
 
         resume = decide_resume(SimpleNamespace(output_dir=output_dir, overwrite_output_dir=True), "auto")[0]
     if resume in (None, False, "", "false"):
@@ -223,10 +223,10 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     """
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
     if (path / "distcp").is_dir():  # an FSDP checkpoint: loads into FSDP on any number of ranks, or one process
-        from grouprl.train.fsdp import load_shards
+        from grouprl.train.parallel.fsdp import load_shards
 
         load_shards(path / "distcp", model, optimizer)
-    elif (path / "deepspeed").is_dir() or _ranks().engine is not None:  # DeepSpeed ZeRO (train/deepspeed.py)
+    elif (path / "deepspeed").is_dir() or _ranks().engine is not None:  # DeepSpeed ZeRO (train/parallel/deepspeed.py)
         _ranks().load_zero(path / "deepspeed")
     else:
         _load_plain(path, model, optimizer, state.pop("optimizer"))
@@ -239,7 +239,7 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
 
 
 def _ranks() -> Any:
-    from grouprl.train import dist
+    from grouprl.train.parallel import ranks as dist
 
     return dist.current()
 
@@ -260,7 +260,7 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
 
 
 def _load_plain(path: Path, model: Any, optimizer: Any, optimizer_state: dict) -> None:
-    from grouprl.train.fsdp import is_sharded, load_full
+    from grouprl.train.parallel.fsdp import is_sharded, load_full
 
     if is_sharded(model):  # saved without FSDP, resumed with it: every rank takes its shard of the full state
         load_full(model, optimizer, _read_weights(path), optimizer_state)
@@ -282,7 +282,7 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _load_weights(path: Path, model: Any) -> None:
-    from grouprl.train.model import is_peft
+    from grouprl.train.engine.model import is_peft
 
     if is_peft(model):
         from peft import set_peft_model_state_dict

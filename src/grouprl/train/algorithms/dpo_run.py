@@ -1,12 +1,12 @@
 """``algorithm: dpo`` from a config to a trained model: start-up checks, data, model, pairs, the loop
-(:func:`grouprl.train.dpo.train_dpo`), the final model and a summary -- what ``grouprl train`` runs.
+(:func:`grouprl.train.algorithms.dpo.train_dpo`), the final model and a summary -- what ``grouprl train`` runs.
 
 Order, as for GRPO runs: the output folder is locked and checked, the pairs of a dataset on disk are checked
 row by row, the model folder and prompt lengths are checked, and only then do the weights load. The pairs of
 ``builtin:arithmetic_prefs`` need the model's own samples, so they are built (or read from the cache) after
-it loads (:mod:`grouprl.train.dpo_prefs`). On N processes (``accelerate launch``) rank 0 alone holds the lock,
+it loads (:mod:`grouprl.train.algorithms.dpo_prefs`). On N processes (``accelerate launch``) rank 0 alone holds the lock,
 decides resume / fresh, writes the run's files and builds ``builtin:arithmetic_prefs`` (the other ranks
-receive the pairs); every rank trains on its share of each global batch (:mod:`grouprl.train.dpo`).
+receive the pairs); every rank trains on its share of each global batch (:mod:`grouprl.train.algorithms.dpo`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from grouprl.data.prefs import check_pref_rows
 from grouprl.errors import DataError
-from grouprl.train.dpo import train_dpo
+from grouprl.train.algorithms.dpo import train_dpo
 
 
 def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
@@ -24,9 +24,9 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     disk), load the model, build ``builtin:arithmetic_prefs`` if named, train, save ``<output_dir>/final``."""
     from contextlib import nullcontext
 
-    from grouprl.train import dist
-    from grouprl.train.lock import run_lock
-    from grouprl.train.output_dir import preflight
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.run.lock import run_lock
+    from grouprl.run.output_dir import preflight
 
     ranks = dist.current()
     with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
@@ -36,11 +36,11 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
 
 
 def dpo_preflight(cfg: Any) -> None:
-    """The checks of ``grouprl.train.startup.preflight`` for a DPO run: output_dir writable, dataset_kwargs
+    """The checks of ``grouprl.run.checks.preflight`` for a DPO run: output_dir writable, dataset_kwargs
     (for builtin:arithmetic_prefs: the builder's keys and the arithmetic task's own)."""
     from grouprl.data.prefs import BUILD_KEYS, is_builtin_prefs, split_kwargs
     from grouprl.errors import ConfigError, did_you_mean
-    from grouprl.train import startup
+    from grouprl.run import checks as startup
 
     if cfg.model is None or cfg.dataset is None:
         raise DataError("algorithm: dpo needs `model` and `dataset` (preference pairs with prompt, chosen and "
@@ -79,8 +79,8 @@ def load_pairs(cfg: Any) -> tuple[Any, Any]:
 
 def dry_run_dpo(cfg: Any, resume: Any = None) -> list[str]:
     """``grouprl train --dry-run`` for ``algorithm: dpo``: every check made before the model loads (the
-    output folder and ``resume`` are checked by the caller, ``grouprl.train.output_dir.preflight``)."""
-    from grouprl.train import startup
+    output folder and ``resume`` are checked by the caller, ``grouprl.run.output_dir.preflight``)."""
+    from grouprl.run import checks as startup
     from grouprl.train.score import resolve_reward_funcs
 
     dpo_preflight(cfg)
@@ -97,9 +97,11 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import transformers
 
     from grouprl.data.prefs import is_builtin_prefs
-    from grouprl.train import dist, reporting, startup
-    from grouprl.train.checkpoint import save_final_atomic
-    from grouprl.train.model import (
+    from grouprl.train.parallel import ranks as dist
+    from grouprl.run import reporting
+    from grouprl.run import checks as startup
+    from grouprl.train.checkpoint.store import save_final_atomic
+    from grouprl.train.engine.model import (
         apply_peft,
         apply_torch_threads,
         check_model_source,
@@ -108,7 +110,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
         pick_device,
         resolve_model_path,
     )
-    from grouprl.train.output_dir import start_run
+    from grouprl.run.output_dir import start_run
     from grouprl.train.score import resolve_reward_funcs
 
     ranks = dist.current()
@@ -127,7 +129,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     model = apply_peft(load_model(cfg.model, ranks.device(pick_device(cfg.device))), cfg)
     meta = None
     if builtin:
-        from grouprl.train.dpo_prefs import arithmetic_prefs, eval_rows
+        from grouprl.train.algorithms.dpo_prefs import arithmetic_prefs, eval_rows
 
         rows, meta = ranks.on_main(arithmetic_prefs, cfg, model, tokenizer)  # rank 0 samples; all get the pairs
         evals = eval_rows(cfg)

@@ -16,8 +16,8 @@ run's checkpoints while keeping the old, higher-numbered ones. So, as in HF's ``
 Whether a run resumes is decided here too, before any model loads (:func:`decide_resume`, :func:`preflight`):
 ``resume_from_checkpoint: auto`` (the recipes' setting) resumes an unfinished run and starts afresh after a
 finished one; ``--resume`` with no complete checkpoint yet starts a fresh run, saying so; a resume whose
-config changed is checked by ``grouprl.train.resume_config``. :func:`start_run` does all of it for the
-trainer, under the output_dir lock (``grouprl.train.lock``).
+config changed is checked by ``grouprl.run.resume_config``. :func:`start_run` does all of it for the
+trainer, under the output_dir lock (``grouprl.run.lock``).
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def preflight(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
     """Everything about the output folder that can be decided before a model loads (reads only): what to
     resume (printing what was decided), whether a fresh run may use the folder, and whether the config may
     change this way on resume. Returns (the resume value to run with, the safe config changes)."""
-    from grouprl.train.resume_config import check_resume_config
+    from grouprl.run.resume_config import check_resume_config
 
     resume, note = decide_resume(cfg, resume)
     if note:
@@ -209,8 +209,8 @@ def preflight(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
 def start_run(cfg: Any, resume: Any = None) -> Any:
     """:func:`preflight`, then clear an earlier run's files (fresh run), write the config in effect to
     ``config.yaml`` and record resume-time changes in ``config_changes.jsonl``. Call with the run lock held
-    (``grouprl.train.lock``). Returns the resume value for ``loop.train``."""
-    from grouprl.train.resume_config import record_changes
+    (``grouprl.run.lock``). Returns the resume value for ``loop.train``."""
+    from grouprl.run.resume_config import record_changes
 
     resume, changes = preflight(cfg, resume)
     removed = prepare_output_dir(cfg, resume)  # refuses to mix with an earlier run

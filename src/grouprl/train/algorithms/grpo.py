@@ -35,11 +35,12 @@ from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOS
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import dist, reporting
+from grouprl.train.parallel import ranks as dist
+from grouprl.run import reporting
 from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
-from grouprl.train.model import (
+from grouprl.train.engine.model import (
     Reference,
     autocast_factory,
     build_optimizer,
@@ -47,17 +48,17 @@ from grouprl.train.model import (
     save_final,
     upcast_trainable,
 )
-from grouprl.train.precision import resolve_rollout_dtype
-from grouprl.train.resume_config import config_record
-from grouprl.train.reward_signal import RewardWatch
-from grouprl.train.round import (  # Round: older checkpoints pickled loop.Round
+from grouprl.train.engine.precision import resolve_rollout_dtype
+from grouprl.run.resume_config import config_record
+from grouprl.run.reward_signal import RewardWatch
+from grouprl.train.algorithms.rounds import (  # Round: older checkpoints pickled loop.Round
     Round,
     RunContext,
     generate_round,
 )
 from grouprl.train.score import RewardScorer
-from grouprl.train.signals import GracefulStop
-from grouprl.train.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
+from grouprl.run.signals import GracefulStop
+from grouprl.train.engine.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
 
@@ -66,8 +67,8 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
           eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
     (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
-    if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.ppo
-        from grouprl.train.ppo import train_ppo
+    if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.algorithms.ppo
+        from grouprl.train.algorithms.ppo import train_ppo
 
         dist.check_config(cfg, dist.current().world)  # one process only
         return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
@@ -76,7 +77,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     ranks = join_ranks(cfg, model)  # rank / world size (accelerate launch); no-ops in one process
     agent = agent if agent is not None else build_agent(cfg)
     autocast, reference = prepare_model(cfg, model)  # fp32 master weights; pi_ref = the starting policy
-    ranks.shard(model, reference)  # FSDP2 when accelerate is configured for it (train/fsdp.py); else a no-op
+    ranks.shard(model, reference)  # FSDP2 when accelerate is configured for it (train/parallel/fsdp.py); else a no-op
     spec = loss_spec(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
@@ -85,7 +86,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
     total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)
     optimizer, scheduler = build_optimizer(model, cfg, total_steps)
-    ranks.zero_init(model, optimizer, cfg)  # DeepSpeed ZeRO-2/3 when accelerate is configured for it (train/deepspeed.py)
+    ranks.zero_init(model, optimizer, cfg)  # DeepSpeed ZeRO-2/3 when accelerate is configured for it (train/parallel/deepspeed.py)
 
     resume_path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
     step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
@@ -116,7 +117,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
         return path
 
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
-    # leaving: every rank stops with an error at its next collective (train/dist.py), handlers back, logs closed
+    # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
     with stop, closing(logger), ranks.failures():
         if resume_path is None and cfg.eval_before_train:
             run_eval("before", step)
@@ -152,7 +153,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
 
 
 def join_ranks(cfg: GRPOConfig, model: Any) -> Any:
-    """This process's place among the ranks (``train/dist.py``): config checked for the world size, the
+    """This process's place among the ranks (``train/parallel/ranks.py``): config checked for the world size, the
     global batch announced by rank 0, rank 0's weights everywhere, a different sampling seed per rank."""
     ranks = dist.current()
     dist.check_config(cfg, ranks.world)
