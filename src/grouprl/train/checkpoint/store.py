@@ -221,7 +221,9 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     The unfinished round (its micro-batches' tensors) is moved onto the model's device: it is read onto
     the CPU, and the next forward would otherwise mix devices.
     """
-    state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+    from grouprl.train.checkpoint import unpickle
+
+    state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False, pickle_module=unpickle)
     if (path / "distcp").is_dir():  # an FSDP checkpoint: loads into FSDP on any number of ranks, or one process
         from grouprl.train.parallel.fsdp import load_shards
 
