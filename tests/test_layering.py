@@ -58,11 +58,12 @@ ALLOWED: dict[str, set[str]] = {
     "envs": _MIDDLE | {"sandbox"},
     "rollout": _MIDDLE | {"envs", "rewards"},
     "report": _MIDDLE | {"builtins"},  # the explainers load the registered functions
-    "run": _BASE | {"config", "data", "rewards", "report"},  # torch-free run lifecycle (lock, output dir, checks)
-    "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "run"},
+    "models": _BASE,  # model and tokenizer loading (hub id, folder, registered sources such as builtin:)
+    "run": _BASE | {"config", "data", "rewards", "report", "models", "sandbox"},  # torch-free run lifecycle (lock, output dir, checks)
+    "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "run", "models"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
-                      "serve", "run"},
-    "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
+                      "serve", "run", "models"},
+    "serve": _MIDDLE | {"models"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
     "cli": {ROOT, "errors", "cmd"},
     "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},
@@ -73,7 +74,7 @@ ALLOWED: dict[str, set[str]] = {
 
 # Edges allowed only as a lookup by name (import_module with a literal, or a module-name string) inside the
 # named function -- never as an import statement.
-BY_NAME = {("train", "builtin"): (("train/engine/model.py", "resolve_model_path"),),
+BY_NAME = {("models", "builtin"): (("models.py", "resolve_model_path"),),
            ("cmd", "builtin"): (("cmd/check_template.py", "load_tokenizer"), ("cmd/list.py", "extra_sections"))}
 
 # (file, function) -> why a non-literal import_module is right there.
@@ -321,8 +322,9 @@ def test_importing_the_library_loads_no_demo_code():
         ("train/algorithms/grpo.py", "from grouprl.builtin import model_path\n", "train imports 'grouprl.builtin'"),
         ("train/algorithms/grpo.py", "import importlib\nimportlib.import_module('grouprl.builtin')\n",
          "train names (import_module) 'grouprl.builtin'"),
-        ("train/engine/model.py", "def resolve_model_path(n):\n    from grouprl.builtin import model_path\n",
-         "train imports 'grouprl.builtin'"),
+        ("models.py", "def resolve_model_path(n):\n    from grouprl.builtin import model_path\n",
+         "models imports 'grouprl.builtin'"),
+        ("serve/x.py", "from grouprl.train.engine.model import load_model\n", "serve imports 'grouprl.train"),
         ("config.py", "from grouprl.sandbox import config\n", "config imports 'grouprl.sandbox'"),
         ("config/presets.py", "import torch\n", "config must not import 'torch'"),
         ("config/__init__.py", "from ..train import loop\n", "config imports 'grouprl.train'"),
@@ -337,8 +339,8 @@ def test_checker_flags_a_bad_import(relpath, source, expected):
 @pytest.mark.parametrize(
     "relpath, source",
     [
-        ("train/engine/model.py", "def resolve_model_path(n):\n    from importlib import import_module\n"
-                           "    return import_module('grouprl.builtin').model_path(n)\n"),
+        ("models.py", "def resolve_model_path(n):\n    from importlib import import_module\n"
+                      "    return import_module('grouprl.builtin').model_path(n)\n"),
         ("registry.py", "import importlib\nclass Registry:\n    def resolve(self, s):\n"
                         "        return importlib.import_module(s)\n"),
         ("rollout/x.py", "from grouprl.envs import calculator\nfrom ..rewards.tool_call import parse\n"),
@@ -477,3 +479,107 @@ def test_the_vllm_extra_serves_the_vllm_backend():
     from grouprl.rollout import BACKENDS
 
     assert "vllm" in _declared() and "vllm" in BACKENDS, "the vllm extra exists only with a vLLM rollout backend"
+
+
+# --- no import cycle between files (docs/DESIGN.md: imports flow one way, lazy imports included) ----------
+
+
+def _module_of(relpath: str) -> str:
+    parts = ("grouprl", *pathlib.PurePosixPath(relpath).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _file_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the modules of ``sources`` (relpath -> text) it imports, anywhere in the file (inside
+    functions too, by ``import_module`` with a literal, or as a ``"grouprl.x:fn"`` string). ``from pkg import
+    mod`` is an edge to ``pkg.mod`` only; ``from pkg import name`` (not a module) an edge to ``pkg``."""
+    modules = {_module_of(r) for r in sources}
+
+    def target(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for relpath, source in sources.items():
+        me, by_line, out = _module_of(relpath), {}, set()
+        for e in _edges_in(source, relpath):
+            if e.kind == "string" and e.name in modules and e.name != me and ":" in _string_at(source, e.line):
+                out.add(e.name)  # 'grouprl.x:fn' in a plug-in table; a logger name or an old path imports nothing
+            elif e.kind in ("import", "import_module") and e.name.startswith(ROOT + "."):
+                by_line.setdefault(e.line, []).append(e.name)
+        for names in by_line.values():
+            for n in names:
+                if any(x != n and x.startswith(n + ".") and x in modules for x in names):
+                    continue  # the package part of 'from pkg import mod'
+                t = target(n)
+                if t is not None and t != me:
+                    out.add(t)
+        graph[me] = out
+    return graph
+
+
+def _string_at(source: str, line: int) -> str:
+    return source.splitlines()[line - 1] if line else ""
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _all_sources() -> dict[str, str]:
+    return {p.relative_to(SRC).as_posix(): p.read_text(encoding="utf-8") for p in ALL_FILES}
+
+
+def test_no_import_cycle_between_files():
+    cycles = _cycles(_file_graph(_all_sources()))
+    assert cycles == [], "import cycles between files (lazy imports count): " + "; ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("sources, cycle", [
+    ({"a/x.py": "from grouprl.a.y import f\n", "a/y.py": "def f():\n    from grouprl.a import x\n"},
+     ["grouprl.a.x", "grouprl.a.y"]),
+    ({"a/x.py": "import importlib\nm = importlib.import_module('grouprl.b.z')\n", "b/z.py": "from grouprl.c import w\n",
+      "c/w.py": "PLUGIN = 'grouprl.a.x:run'\n"}, ["grouprl.a.x", "grouprl.b.z", "grouprl.c.w"]),
+    ({"a/__init__.py": "from grouprl.a.x import f\n", "a/x.py": "from grouprl.a import helper\n"},
+     ["grouprl.a", "grouprl.a.x"]),
+])
+def test_the_cycle_check_finds_a_made_up_cycle(sources, cycle):
+    assert _cycles(_file_graph(sources)) == [cycle]
+
+
+def test_the_cycle_check_ignores_a_one_way_chain():
+    sources = {"a/__init__.py": "from grouprl.a.x import f\n", "a/x.py": "from grouprl.a import y\n", "a/y.py": ""}
+    assert _cycles(_file_graph(sources)) == []

@@ -127,6 +127,15 @@ POLICY_LOSSES = Registry(
 AGGREGATIONS = Registry("loss aggregation", "fn(per_token [N,T], mask [N,T], **norm) -> scalar")
 KL_ESTIMATORS = Registry("KL estimator", "fn(logp [N,T], ref_logp [N,T]) -> [N,T]")
 REWARDS = Registry("reward", "fn(completion: str, *, answer=None, **meta) -> float | None")
+ALGORITHMS = Registry(
+    "algorithm", "Algorithm(train=fn(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, "
+    "*, resume, agent) -> summary) or Algorithm(run=fn(cfg, resume))"
+)
+PREFERENCE_LOSSES = Registry(
+    "preference loss", "fn(chosen_logp [N], rejected_logp [N], ref_chosen_logp [N], ref_rejected_logp [N], **hp) "
+    "-> (loss [N], metrics)"
+)
+MODEL_SOURCES = Registry("model source", "fn(name: '<prefix>:<name>', cache_dir=None) -> local folder")
 ENVIRONMENTS = Registry(
     "environment", "Cls() with reset(**row) -> str | None, public methods = tools, optional get_reward()"
 )
@@ -138,4 +147,5 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "kl_estimators": KL_ESTIMATORS,
     "rewards": REWARDS,
     "environments": ENVIRONMENTS,
+    "preference_losses": PREFERENCE_LOSSES,
 }

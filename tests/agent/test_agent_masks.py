@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 
 from grouprl.rollout.base import Rollout, concat_rollouts
-from grouprl.train.metrics import Timers, round_metrics
 from grouprl.train.algorithms.rounds import RoundBatch, micro_batches
+from grouprl.train.metrics import Timers, round_metrics
 
 
 def rollout(loss_mask, completion_mask, truncated, trajectories=None):

@@ -56,7 +56,7 @@ def test_rows_carry_answer_gold_ids_and_the_protocol():
 
 def test_the_task_splits_like_the_other_built_in_tasks(monkeypatch):
     from grouprl.data import tasks
-    from grouprl.data.retrieval import retrieval_task
+    from grouprl.data.tasks import retrieval_task
 
     monkeypatch.setitem(tasks.TASKS, "retrieval", retrieval_task())
     train = tasks.load_task("retrieval", "train", n_train=10)

@@ -12,9 +12,9 @@ import torch
 
 from grouprl.algo.advantages import compute_gae
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grouprl.train.metrics import Timers
 from grouprl.train.algorithms.ppo import Critic, ValueTargets, critic_step, token_rewards, whiten_round
 from grouprl.train.engine.step import LossSpec, MicroBatch, completion_logps, optimizer_step
+from grouprl.train.metrics import Timers
 
 
 def test_token_rewards_kl_on_every_token_and_the_reward_on_the_last():

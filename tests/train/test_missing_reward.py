@@ -15,10 +15,10 @@ from grouprl.config import GRPOConfig
 from grouprl.data.stream import PromptStream
 from grouprl.rollout.base import Rollout
 from grouprl.train.algorithms.grpo import advantage_function
-from grouprl.train.metrics import Timers
 from grouprl.train.algorithms.rounds import RunContext, generate_round
-from grouprl.train.score import RewardScorer
 from grouprl.train.engine.step import step_totals
+from grouprl.train.metrics import Timers
+from grouprl.train.score import RewardScorer
 
 
 class Backend:

@@ -14,9 +14,15 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
-from grouprl.train.metrics import Timers
 from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
-from grouprl.train.engine.step import LossSpec, NonFiniteError, batched_logps, completion_logps, optimizer_step
+from grouprl.train.engine.step import (
+    LossSpec,
+    NonFiniteError,
+    batched_logps,
+    completion_logps,
+    optimizer_step,
+)
+from grouprl.train.metrics import Timers
 
 
 def _model(path, **kw):

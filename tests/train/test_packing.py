@@ -252,10 +252,10 @@ def test_whole_grpo_optimizer_step_is_the_same_packed_or_padded():
     from grouprl.builtins import load_builtins
     from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
     from grouprl.rollout.base import Rollout
-    from grouprl.train.metrics import Timers
-    from grouprl.train.engine.model import Reference
     from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+    from grouprl.train.engine.model import Reference
     from grouprl.train.engine.step import LossSpec, optimizer_step
+    from grouprl.train.metrics import Timers
 
     load_builtins()
     p_ids, p_mask, c_ids, c_mask = _batch(seed=9)

@@ -13,9 +13,9 @@ from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout.base import Rollout
-from grouprl.train.metrics import Timers
 from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
 from grouprl.train.engine.step import LossSpec, batched_logps, micro_batch_loss, step_totals
+from grouprl.train.metrics import Timers
 
 
 def _model(path):

@@ -210,8 +210,8 @@ def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir,
 
 
 def test_to_device_moves_every_tensor_of_a_saved_round():
-    from grouprl.train.checkpoint.store import to_device
     from grouprl.train.algorithms.rounds import Round
+    from grouprl.train.checkpoint.store import to_device
     from grouprl.train.engine.step import MicroBatch
 
     t = torch.ones(2, 3)

@@ -116,8 +116,8 @@ def test_trl_style_reward_gets_completion_ids_trainer_state_and_columns():
     from grouprl.rewards import make_reward_func
     from grouprl.rollout.base import Rollout
     from grouprl.train.algorithms.grpo import advantage_function
-    from grouprl.train.metrics import Timers
     from grouprl.train.algorithms.rounds import RunContext, generate_round
+    from grouprl.train.metrics import Timers
 
     class Backend:  # completion k of a prompt: tokens 10+k, 11+k, ... (k+1 of them), then padding 0
         def generate(self, prompts, n, params):

@@ -10,8 +10,8 @@ import torch
 from grouprl.config import GRPOConfig
 from grouprl.rollout.base import Rollout, concat_rollouts
 from grouprl.rollout.vllm_backend import options_from
-from grouprl.train.metrics import Timers
 from grouprl.train.algorithms.rounds import RoundBatch, RunContext, micro_batches
+from grouprl.train.metrics import Timers
 
 
 def _rollout(N, T, logp=True, start=0.0):

@@ -11,7 +11,13 @@ import torch
 from grouprl.builtins import load_builtins
 from grouprl.config import GRPOConfig
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grouprl.train.engine.step import LossSpec, MicroBatch, completion_logps, micro_batch_loss, mismatch_correction
+from grouprl.train.engine.step import (
+    LossSpec,
+    MicroBatch,
+    completion_logps,
+    micro_batch_loss,
+    mismatch_correction,
+)
 
 ADV = torch.tensor([1.0, -0.5, 2.0, -1.0])
 LENGTHS = torch.tensor([4, 2, 3, 1])

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from grouprl.algo.ops import masked_mean
-from grouprl.registry import POLICY_LOSSES
+from grouprl.registry import POLICY_LOSSES, PREFERENCE_LOSSES
 
 __all__ = [
     "LOG_RATIO_BOUND",
@@ -316,6 +316,7 @@ def _dpo_margin(chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp) 
     return (chosen_logp - ref_chosen_logp) - (rejected_logp - ref_rejected_logp)
 
 
+@PREFERENCE_LOSSES.register("sigmoid")
 def dpo_sigmoid_loss(
     chosen_logp: torch.Tensor,
     rejected_logp: torch.Tensor,
@@ -340,6 +341,7 @@ def dpo_sigmoid_loss(
     return loss, metrics
 
 
+@PREFERENCE_LOSSES.register("ipo")
 def dpo_ipo_loss(
     chosen_logp: torch.Tensor,
     rejected_logp: torch.Tensor,
@@ -359,3 +361,6 @@ def dpo_ipo_loss(
     with torch.no_grad():
         metrics = {"reward_margin": (beta * h).mean(), "reward_accuracy": (h > 0).to(h.dtype).mean()}
     return loss, metrics
+
+
+dpo_ipo_loss.averaged_logps = True  # IPO's margin is on token-averaged log-probs (arXiv:2310.12036, Sec. 5.2)

@@ -1,8 +1,9 @@
 """Demo models that need no download, reachable only by name: ``model: builtin:<name>``.
 
-Nothing in the library imports this package statically: the model loader (``grouprl.train.engine.model``)
-asks for it with ``importlib.import_module("grouprl.builtin")`` when a model name starts with
-``builtin:``, and :func:`model_path` looks the name up in :data:`MODELS`. So the training code carries
+Nothing in the library imports this package statically: the model loader (``grouprl.models``) asks for
+it with ``importlib.import_module("grouprl.builtin")`` when a model name starts with ``builtin:``; importing
+it registers :func:`model_path` as the ``builtin`` entry of ``MODEL_SOURCES``, which looks the name up in
+:data:`MODELS`. So the training code carries
 no demo code, and a newcomer can delete or replace a demo without touching ``train/``.
 
 - :mod:`grouprl.builtin.tiny`: tiny random-weight Qwen2/Llama models and a locally trained tokenizer
@@ -17,6 +18,7 @@ import os
 from collections.abc import Callable
 
 from grouprl.builtin import warmstart
+from grouprl.registry import MODEL_SOURCES
 
 PREFIX = "builtin:"
 
@@ -39,5 +41,7 @@ def model_path(name: str, cache_dir: str | os.PathLike | None = None) -> str:
         warmstart.get_warmstart(name)  # raises with the list of known names and a "did you mean"
     return MODELS[name](name, cache_dir=cache_dir)
 
+
+MODEL_SOURCES.register("builtin", model_path)  # how grouprl.models resolves builtin:<name>
 
 __all__ = ["MODELS", "PREFIX", "model_path"]

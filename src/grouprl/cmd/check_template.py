@@ -29,7 +29,7 @@ def load_tokenizer(name: str):
         return import_module("grouprl.builtin.tiny").build_tokenizer()
     from transformers import AutoTokenizer
 
-    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.models import resolve_model_path
 
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
 

@@ -87,15 +87,9 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
 
     from grouprl.data.load import check_rows, load_dataset_any
     from grouprl.errors import ConfigError
+    from grouprl.models import check_model_source, load_model, load_tokenizer, pick_device, resolve_model_path
+    from grouprl.train.engine.model import apply_torch_threads
     from grouprl.train.evaluate import evaluate_model
-    from grouprl.train.engine.model import (
-        apply_torch_threads,
-        check_model_source,
-        load_model,
-        load_tokenizer,
-        pick_device,
-        resolve_model_path,
-    )
     from grouprl.train.score import resolve_reward_funcs
 
     if cfg.dataset is None or cfg.eval_split is None:

@@ -37,7 +37,9 @@ def run(args: argparse.Namespace) -> int:
     configure_for_run(cfg)
     from grouprl.run.lock import check_free, run_lock
     from grouprl.run.output_dir import preflight
+    from grouprl.train.algorithms import algorithm_for
 
+    algorithm = algorithm_for(cfg)  # the registered loop the config's algorithm declares (ALGORITHMS)
     if args.nproc is not None and not args.dry_run:
         from grouprl.cmd.launch import launch
 
@@ -49,31 +51,26 @@ def run(args: argparse.Namespace) -> int:
 
         from grouprl.run.checks import dry_run
 
-        if cfg.algorithm == "dpo":  # preference pairs: DPO's own checks (grouprl.train.algorithms.dpo_run)
-            from grouprl.train.algorithms.dpo_run import dry_run_dpo as dry_run
-        for note in dry_run(cfg, resume):  # the data and model checks a run makes before loading weights
+        for note in (algorithm.dry_run or dry_run)(cfg, resume):  # the checks a run makes before loading weights
             print(note, file=sys.stderr)
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
     from contextlib import nullcontext
 
+    from grouprl.run.signals import RunInterrupted
     from grouprl.train.parallel import ranks as dist
 
     ranks = dist.current()  # under accelerate launch: rank 0 holds the lock and decides resume / fresh
-    dist.check_config(cfg, ranks.world)  # what N processes cannot run, before any model loads
-    from grouprl.run.signals import RunInterrupted
-
     try:
-        if cfg.algorithm == "dpo":  # offline preference pairs: DPO's own loop (grouprl.train.algorithms.dpo_run), N ranks too
-            from grouprl.train.algorithms.dpo_run import run_dpo
-
-            run_dpo(cfg, resume=args.resume)
+        if algorithm.run is not None:  # a loop that loads its own data and model (DPO), N ranks too
+            dist.check_config(cfg, ranks.world)  # what N processes cannot run, before any model loads
+            algorithm.run(cfg, resume=args.resume)
             return 0
         from grouprl.train import GRPOTrainer
 
         with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
             resume, _ = ranks.on_main(preflight, cfg, args.resume)
-            GRPOTrainer(config=cfg).train(resume_from_checkpoint=resume)
+            GRPOTrainer(config=cfg).train(resume_from_checkpoint=resume)  # checks the world size once
     except RunInterrupted as e:  # Ctrl-C / SIGTERM: a checkpoint was saved (GRPO and DPO alike)
         again = " ".join(["grouprl train", *(["-c", args.config] if args.config else []), *args.overrides])
         print(f"grouprl: stopped after step {e.step}; checkpoint saved in {e.checkpoint}. Continue with: "

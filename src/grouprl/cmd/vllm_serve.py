@@ -41,8 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from grouprl.models import resolve_model_path
     from grouprl.rollout.vllm_backend import engine_kwargs_for, require_vllm
-    from grouprl.train.engine.model import resolve_model_path
 
     vllm = require_vllm()
     path = resolve_model_path(args.model)

@@ -42,12 +42,10 @@ ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
                  loss_aggregation="token_mean", **_COMMON),
     # PPO, arXiv:1707.06347, Eq. 7 on token advantages from GAE over a critic (grouprl.train.algorithms.ppo); with
     # kl_coef > 0 the KL is a per-token reward (kl_mode, InstructGPT arXiv:2203.02155 Eq. 2). `advantage`
-    # is not used: PPO's advantages come from the critic (validate.check_ppo rejects setting it).
+    # is not used: PPO's advantages come from the critic (validate.check_critic rejects setting it).
     "ppo": dict(policy_loss="grpo", epsilon=0.2, epsilon_high=0.2, advantage="grpo", loss_aggregation="token_mean",
                 **_COMMON),
 }
-OFFLINE_ALGORITHMS = ("dpo",)
-"""Algorithms with their own loop (grouprl.train.algorithms.dpo) and fields (``dpo_*``): no preset to fill."""
 LOSS_OWNED = ("epsilon", "epsilon_high")
 """Preset fields that belong to the preset's policy loss (applied only while that loss is used)."""
 ADVANTAGE_OWNED = ("scale_rewards",)
@@ -83,19 +81,16 @@ def resolve_aliases(cfg: Any) -> None:
 
 def apply_preset(cfg: Any) -> None:
     """Fill the unset algorithm fields from importance_sampling_level and the ``algorithm`` preset."""
+    from grouprl.config.algorithms import supports_of
+
     if cfg.algorithm is None:
         cfg.algorithm = "grpo"
-    if cfg.algorithm in OFFLINE_ALGORITHMS:  # no sampler, policy loss or advantage: only "off" switches
+    supports = supports_of(cfg.algorithm)  # an unknown name fails here, with the known ones
+    if supports.preset is None:  # no sampler, policy loss or advantage: only "off" switches
         for name, value in _COMMON.items():
             if getattr(cfg, name) is None:
                 setattr(cfg, name, value)
         return
-    if cfg.algorithm not in ALGORITHM_PRESETS:
-        raise ConfigError(
-            f"algorithm={cfg.algorithm!r} is not a known preset.{did_you_mean(str(cfg.algorithm), ALGORITHM_PRESETS)} "
-            f"Known: {', '.join([*ALGORITHM_PRESETS, *OFFLINE_ALGORITHMS])}. Any combination can be built by "
-            f"setting policy_loss, advantage and loss_aggregation directly."
-        )
     level = cfg.importance_sampling_level
     if level is not None:
         if level not in IMPORTANCE_LEVELS:
@@ -108,7 +103,7 @@ def apply_preset(cfg: Any) -> None:
                 f"policy_loss {loss!r}. Fix: set only one of them (policy_loss names any loss)."
             )
         cfg.policy_loss = loss
-    preset = ALGORITHM_PRESETS[cfg.algorithm]
+    preset = ALGORITHM_PRESETS[supports.preset]
     explicit = cfg.explicit_fields
     for name, value in preset.items():
         if name not in LOSS_OWNED + ADVANTAGE_OWNED and name not in explicit and getattr(cfg, name) is None:

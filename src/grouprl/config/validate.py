@@ -11,6 +11,7 @@ import warnings
 from dataclasses import fields
 from typing import Any
 
+from grouprl.config.algorithms import SUPPORTS, owner_of, supports_of
 from grouprl.errors import ConfigError, did_you_mean
 
 CHOICES = {
@@ -48,7 +49,7 @@ def validate(cfg: Any) -> None:
     check_batch(cfg)
     check_ranges(cfg)
     check_consistency(cfg)
-    check_ppo(cfg)
+    check_own_fields(cfg)
     warn_k1(cfg)
 
 
@@ -89,10 +90,11 @@ def check_batch(cfg: Any) -> None:
     _positive_ints(cfg, "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                    "num_iterations", "max_new_tokens", "logging_steps", "eval_batch_size", "eval_num_samples",
                    "save_steps", "num_completions_to_log", "max_consecutive_skips", "review_window")
-    if cfg.algorithm == "dpo":  # offline: per_device_train_batch_size counts preference pairs, no groups
+    supports = supports_of(cfg.algorithm)
+    if supports.offline:  # per_device_train_batch_size counts preference pairs, no groups
         return check_dpo(cfg)
     G = cfg.num_generations
-    if G < 2 and cfg.algorithm != "ppo":
+    if G < 2 and supports.groups:
         raise ConfigError(f"num_generations={G}: GRPO compares completions within a group, so it needs at least "
                           f"2 (8 is a good start), as every group algorithm does (algorithm={cfg.algorithm!r}). "
                           f"algorithm: ppo needs no groups (its baseline is a critic's value) and accepts 1.")
@@ -205,21 +207,28 @@ def check_consistency(cfg: Any) -> None:
                           f"{len(cfg.reward_funcs)}: give one weight per reward function.")
 
 
-PPO_FIELDS = ("critic_model", "critic_learning_rate", "vf_coef", "cliprange_value", "gamma", "lam",
-              "whiten_advantages", "kl_mode")
-"""Fields read only by ``algorithm: ppo`` (grouprl.train.algorithms.ppo)."""
+def check_own_fields(cfg: Any) -> None:
+    """Fields another algorithm declares as its own (``Supports.own_fields``) are not set with this one. A
+    saved config sets every field: only a value other than the default counts."""
+    explicit, mine = cfg.explicit_fields, supports_of(cfg.algorithm)
+    defaults = {f.name: f.default for f in fields(cfg)}
+    stray: dict[str, list[str]] = {}
+    for f in [f.name for f in fields(cfg) if f.name in explicit]:
+        found = owner_of(f)
+        if found and found[1] is not mine and f not in mine.own_fields and getattr(cfg, f) != defaults[f]:
+            stray.setdefault(found[0], []).append(f)
+    for owner, names in stray.items():
+        raise ConfigError(f"{', '.join(names)} set with algorithm={cfg.algorithm!r}: only algorithm: {owner} "
+                          f"{SUPPORTS[owner].fields_reason}, so they would be ignored. Fix: set algorithm: "
+                          f"{owner}, or remove them.")
+    if mine.critic:
+        check_critic(cfg)
 
 
-def check_ppo(cfg: Any) -> None:
-    """PPO's own fields: in range, set only with ``algorithm: ppo``, and no group-baseline options with it."""
+def check_critic(cfg: Any) -> None:
+    """A loop with a critic (PPO): its fields in range, and no group-baseline options with it."""
     explicit = cfg.explicit_fields
     defaults = {f.name: f.default for f in fields(cfg)}
-    if cfg.algorithm != "ppo":  # a saved config sets every field: only a value other than the default counts
-        stray = [f for f in PPO_FIELDS if f in explicit and getattr(cfg, f) != defaults[f]]
-        if stray:
-            raise ConfigError(f"{', '.join(stray)} set with algorithm={cfg.algorithm!r}: only algorithm: ppo has "
-                              f"a critic, so they would be ignored. Fix: set algorithm: ppo, or remove them.")
-        return
     _range(cfg, "gamma", 0.0, 1.0)
     _range(cfg, "lam", 0.0, 1.0)
     _range(cfg, "vf_coef", 0.0, None, open_low=True)
@@ -245,7 +254,7 @@ def check_rollout_engine(cfg: Any) -> None:
     low = getattr(cfg, "rollout_dtype", "auto") == "bfloat16"
     agent = bool(cfg.tools or cfg.environment)  # multi-turn rollouts sample through another path, in fp32
     if low and (cfg.rollout_backend != "transformers" or cfg.lean_sampler is False
-                or cfg.algorithm in ("ppo", "dpo") or agent):
+                or not supports_of(cfg.algorithm).lean_bf16_rollout or agent):
         raise ConfigError(f"rollout_dtype='bfloat16' is a lean-sampler option of the single-turn GRPO-family "
                           f"loop (rollout_backend={cfg.rollout_backend!r}, lean_sampler={cfg.lean_sampler!r}, "
                           f"algorithm={cfg.algorithm!r}, tools/environment set: {agent}). Fix: rollout_dtype: "
@@ -293,7 +302,7 @@ def check_names(cfg: Any) -> None:
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError(f"report_to={cfg.report_to!r} includes wandb, which is not installed. Fix: "
                               f"pip install 'grouprl[wandb]' (or wandb), or drop wandb from report_to.")
-    if cfg.algorithm != "dpo":  # dpo calls no registered policy loss or advantage
+    if supports_of(cfg.algorithm).preset is not None:  # an offline loop calls no policy loss or advantage
         fns = resolved(cfg)
         if cfg.gspo_use_engine_logp and fns["policy_loss"] not in ("gspo", "gspo_token"):
             raise ConfigError(f"gspo_use_engine_logp=true with policy_loss={fns['policy_loss']!r}: only the "

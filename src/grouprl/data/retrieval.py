@@ -85,12 +85,3 @@ def make_retrieval(rng: random.Random, *, instructions: bool = True) -> dict[str
     prompt = f"{INSTRUCTIONS}\n\nQuestion: {question}" if instructions else question
     return {"key": f"retrieval|{question}", "prompt": prompt, "answer": answer, "gold_ids": list(gold),
             "work": " ".join(f"[{g}]" for g in gold)}
-
-
-def retrieval_task():
-    """The :class:`~grouprl.data.tasks.Task` for ``builtin:retrieval`` (trained and evaluated with the
-    ``retrieval`` reward). There are only ``len(QUESTIONS)`` distinct problems: ask for small splits
-    (``dataset_kwargs: {n_train: 20, n_test: 2}``)."""
-    from grouprl.data.tasks import Task
-
-    return Task("retrieval", make_retrieval, ["retrieval"], "retrieval")

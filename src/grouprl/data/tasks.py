@@ -353,7 +353,15 @@ def _prompt_text(prompt: str | list[dict]) -> str:
     return prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt) + "\n"
 
 
-# builtin:retrieval: questions over the `search` environment's corpus (its module builds a Task, defined above)
-from grouprl.data.retrieval import retrieval_task  # noqa: E402
+# builtin:retrieval: questions over the `search` environment's corpus (rows from grouprl.data.retrieval)
+from grouprl.data.retrieval import make_retrieval  # noqa: E402
+
+
+def retrieval_task() -> Task:
+    """The :class:`Task` for ``builtin:retrieval`` (trained and evaluated with the ``retrieval`` reward).
+    There are only ``len(QUESTIONS)`` distinct problems: ask for small splits
+    (``dataset_kwargs: {n_train: 20, n_test: 2}``)."""
+    return Task("retrieval", make_retrieval, ["retrieval"], "retrieval")
+
 
 TASKS["retrieval"] = retrieval_task()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.errors import ConfigError, DataError, did_you_mean
+from grouprl.models import check_model_folder  # re-exported
 
 log = logging.getLogger("grouprl")
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -52,46 +53,6 @@ def check_output_dir_writable(output_dir: str | os.PathLike) -> None:
         os.unlink(name)
     except OSError as e:
         raise ConfigError(f"output_dir={str(output_dir)!r} {what} ({e.strerror}). {fix}") from None
-
-
-def run_folder_hint(path: Path) -> str | None:
-    """``"<dir>/final or <dir>/checkpoint-N"`` when ``path`` is a grouprl run folder, else None."""
-    steps = sorted((int(m.group(1)), p) for p in path.iterdir() if (m := _CHECKPOINT.match(p.name)) and p.is_dir())
-    final = path / "final"
-    if not steps and not final.is_dir():
-        return None
-    options = ([str(final)] if final.is_dir() else []) + ([str(steps[-1][1])] if steps else [])
-    return " or ".join(options)
-
-
-def looks_like_path(name: str) -> bool:
-    """A name the user meant as a local folder: ``./x``, ``/x``, ``~/x``, ``a/b/c``, or ``a/b`` where ``a``
-    exists here. A hub id is ``org/name`` with an ``org`` that is not a local folder."""
-    if name.startswith((".", "/", "~")) or "\\" in name:
-        return True
-    parts = name.split("/")
-    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
-
-
-def check_model_folder(name: str, what: str = "model") -> None:
-    """A local ``name`` must be a saved model (config.json) or LoRA adapter (adapter_config.json)."""
-    if name.startswith("builtin:"):
-        return
-    path = Path(name).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file() or (path / "adapter_config.json").is_file():
-            return
-        hint = run_folder_hint(path)
-        if hint:
-            raise ConfigError(f"{what}={name!r} is a grouprl run folder, not a model. Fix: use {hint}.")
-        raise ConfigError(f"{what}={name!r} is a folder without config.json, so it is not a saved model. Fix: give "
-                          f"the folder save_pretrained wrote (it holds config.json), a hub id, or builtin:<name>.")
-    if path.exists():
-        raise ConfigError(f"{what}={name!r} is a file, not a model folder. Fix: give the folder that holds "
-                          f"config.json, a hub id, or builtin:<name>.")
-    if looks_like_path(name):
-        raise ConfigError(f"{what}={name!r}: no such folder (looked in {str(Path.cwd())!r}). Fix: check the path; "
-                          f"a hub id looks like org/name.")
 
 
 def check_dataset_kwargs(dataset: Any, kwargs: dict) -> None:
@@ -146,11 +107,12 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     dataset is not downloaded), the model folder and, when the model is a local folder, a resume's
     architecture. Returns the notes a real run would print."""
     from grouprl.data.load import check_data_file, check_rows, load_dataset_any
-    from grouprl.train.score import resolve_reward_funcs
+    from grouprl.rewards import make_reward_func
 
     apply_task_defaults(cfg)
     preflight(cfg)
-    resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)  # plug-ins import here
+    for item in [*cfg.reward_funcs, cfg.eval_reward]:  # plug-ins import here (as train.score resolves them)
+        make_reward_func(item, **(dict(cfg.reward_kwargs.get(item, {})) if isinstance(item, str) else {}))
     notes = []
     local = isinstance(cfg.dataset, str) and (cfg.dataset.startswith("builtin:") or Path(cfg.dataset).exists())
     if local:  # a hub dataset is not downloaded by a dry run
@@ -201,7 +163,7 @@ def model_context(source: Any) -> int | None:
         return context_length(getattr(source, "config", None))
     from transformers import AutoConfig
 
-    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.models import resolve_model_path
 
     try:
         return context_length(AutoConfig.from_pretrained(resolve_model_path(source)))

@@ -22,6 +22,7 @@ import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from grouprl.errors import ConfigError
 
@@ -104,8 +105,6 @@ def _probe(argv: list[str]) -> str:
 @functools.lru_cache(maxsize=1)
 def detect() -> Capabilities:
     """Probe bubblewrap and unshare once (about 50 ms) and cache the answer for this process."""
-    from grouprl.sandbox.runner import bwrap_argv
-
     root = os.geteuid() == 0
     python = sandbox_python()
     masked = sorted({a for p in python_paths() for a in _inaccessible_ancestors(p + "/x")})
@@ -167,3 +166,45 @@ def resolve_isolation(isolation: str) -> str:
             "no PID namespace; see docs/SANDBOX.md). `grouprl sandbox check` shows what is available."
         )
     return "strict"
+
+
+INSIDE_WORKDIR = "/tmp"
+"""The sandbox's working directory (a private tmpfs) as the job sees it."""
+
+
+def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpfs_mb: int = 64,
+               hide: tuple[str, ...] = ()) -> list[str]:
+    """bubblewrap command line: new net/pid/ipc/uts namespaces, read-only /, private tmpfs at /tmp.
+
+    ``masked`` directories (not traversable by other users, e.g. /root holding a pyenv interpreter) and
+    ``hide`` paths (e.g. where the evaluation data lives) are replaced by empty tmpfs mounts (a hidden
+    file by /dev/null); the interpreter's own directories under them are bind-mounted back read-only.
+    """
+    argv = [bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
+    tops = sorted({os.path.abspath(p) for p in (*masked, *hide) if os.path.exists(p)}, key=len)
+    for top in tops:
+        if not os.path.isdir(top):
+            argv += ["--ro-bind", "/dev/null", top]
+            continue
+        argv += ["--perms", "0755", "--tmpfs", top]
+        for p in python_paths():
+            if p == top or p.startswith(top + "/"):
+                parts = Path(p).relative_to(top).parts
+                for i in range(1, len(parts)):
+                    argv += ["--perms", "0755", "--dir", str(Path(top, *parts[:i]))]
+                argv += ["--ro-bind", p, p]
+    argv += ["--dev", "/dev", "--proc", "/proc",
+             "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE_WORKDIR,
+             "--perms", "1777", "--size", str(8 << 20), "--tmpfs", "/dev/shm",
+             "--chdir", INSIDE_WORKDIR]
+    # An interpreter installed under /tmp is hidden by the private tmpfs just mounted there: bind its
+    # directories back, read-only, on top of it (bwrap resolves bind sources on the host).
+    for p in python_paths():
+        if p.startswith(INSIDE_WORKDIR + "/"):
+            parts = Path(p).relative_to(INSIDE_WORKDIR).parts
+            for i in range(1, len(parts)):
+                argv += ["--dir", str(Path(INSIDE_WORKDIR, *parts[:i]))]
+            argv += ["--ro-bind", p, p]
+    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
+    return argv + ["--"]

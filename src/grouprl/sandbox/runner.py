@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.sandbox import _wire as wire
+from grouprl.sandbox.capabilities import INSIDE_WORKDIR, bwrap_argv
 from grouprl.sandbox.result import SandboxResult, TestResult
 from grouprl.sandbox.suite import normalize_tests, suite_size
 
 UID_BASE, UID_SPAN = 1_800_000_000, 1 << 24
 GRACE_S = 5.0  # parent-side slack over the job budget for start-up and clean-up
-INSIDE_WORKDIR = "/tmp"
 LEASED_UIDS: collections.deque[int] = collections.deque(maxlen=100_000)  # uids this process leased
 
 
@@ -70,46 +70,6 @@ def _inline(name: str) -> str:
 def scripts() -> tuple[str, str]:
     """(judge source, program-server source), each with the wire codec inlined."""
     return _inline("_judge.py"), _inline("_server.py")
-
-
-def bwrap_argv(bwrap: str, root: bool, masked: list[str] | tuple[str, ...], tmpfs_mb: int = 64,
-               hide: tuple[str, ...] = ()) -> list[str]:
-    """bubblewrap command line: new net/pid/ipc/uts namespaces, read-only /, private tmpfs at /tmp.
-
-    ``masked`` directories (not traversable by other users, e.g. /root holding a pyenv interpreter) and
-    ``hide`` paths (e.g. where the evaluation data lives) are replaced by empty tmpfs mounts (a hidden
-    file by /dev/null); the interpreter's own directories under them are bind-mounted back read-only.
-    """
-    from grouprl.sandbox.capabilities import python_paths
-
-    argv = [bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--die-with-parent", "--new-session", "--ro-bind", "/", "/"]
-    tops = sorted({os.path.abspath(p) for p in (*masked, *hide) if os.path.exists(p)}, key=len)
-    for top in tops:
-        if not os.path.isdir(top):
-            argv += ["--ro-bind", "/dev/null", top]
-            continue
-        argv += ["--perms", "0755", "--tmpfs", top]
-        for p in python_paths():
-            if p == top or p.startswith(top + "/"):
-                parts = Path(p).relative_to(top).parts
-                for i in range(1, len(parts)):
-                    argv += ["--perms", "0755", "--dir", str(Path(top, *parts[:i]))]
-                argv += ["--ro-bind", p, p]
-    argv += ["--dev", "/dev", "--proc", "/proc",
-             "--perms", "1777", "--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE_WORKDIR,
-             "--perms", "1777", "--size", str(8 << 20), "--tmpfs", "/dev/shm",
-             "--chdir", INSIDE_WORKDIR]
-    # An interpreter installed under /tmp is hidden by the private tmpfs just mounted there: bind its
-    # directories back, read-only, on top of it (bwrap resolves bind sources on the host).
-    for p in python_paths():
-        if p.startswith(INSIDE_WORKDIR + "/"):
-            parts = Path(p).relative_to(INSIDE_WORKDIR).parts
-            for i in range(1, len(parts)):
-                argv += ["--dir", str(Path(INSIDE_WORKDIR, *parts[:i]))]
-            argv += ["--ro-bind", p, p]
-    argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
-    return argv + ["--"]
 
 
 @contextlib.contextmanager

@@ -172,7 +172,7 @@ def make_server(chat: ChatServer, host: str = "127.0.0.1", port: int = 8000, *, 
 
 def load_chat_server(model: str, *, device: str = "auto", **kw: Any) -> ChatServer:
     """Load ``model`` (a local path, hub id or ``builtin:<name>``) and its tokenizer for serving."""
-    from grouprl.train.engine.model import load_model, load_tokenizer, pick_device, resolve_model_path
+    from grouprl.models import load_model, load_tokenizer, pick_device, resolve_model_path
 
     path = resolve_model_path(model)
     tokenizer = load_tokenizer(path)

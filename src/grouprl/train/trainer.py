@@ -41,9 +41,12 @@ class GRPOTrainer:
         if not isinstance(cfg, GRPOConfig):
             raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
                               f"`from grouprl import GRPOConfig`.")
-        if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
-            raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
-                              "`grouprl train -c recipe.yaml` or call grouprl.train.algorithms.dpo_run.run_dpo(config).")
+        from grouprl.train.algorithms import algorithm_for
+
+        if algorithm_for(cfg).train is None:  # e.g. DPO: offline preference pairs, its own data and model loading
+            raise ConfigError(f"algorithm: {cfg.algorithm} trains with its own loop, which loads its own data and "
+                              f"model: run `grouprl train -c recipe.yaml`, or call "
+                              f"grouprl.train.algorithms.algorithm_for(config).run(config).")
         from grouprl.run.checks import apply_task_defaults
 
         apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
@@ -71,6 +74,7 @@ class GRPOTrainer:
         from grouprl.train.parallel import ranks as dist
         from grouprl.train.score import resolve_reward_funcs
 
+        dist.check_config(cfg, dist.current().world)  # what N processes cannot run (the algorithm's declaration)
         self.device = dist.current().device(pick_device(cfg.device))  # cuda:<local_rank> under accelerate
         self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
         self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
@@ -139,13 +143,13 @@ class GRPOTrainer:
         checkpoint and raise ``grouprl.run.signals.RunInterrupted``; a resume may change only the fields
         of ``grouprl.run.resume_config.SAFE``."""
         from grouprl.config.io import write_yaml
-        from grouprl.train.parallel import ranks as dist
         from grouprl.run import reporting
-        from grouprl.train.checkpoint.store import save_final_atomic
-        from grouprl.run.lock import run_lock
-        from grouprl.train.algorithms.grpo import train
-        from grouprl.run.output_dir import resume_checkpoint, start_run
         from grouprl.run.checks import check_resume_model, recorded_config
+        from grouprl.run.lock import run_lock
+        from grouprl.run.output_dir import resume_checkpoint, start_run
+        from grouprl.train.algorithms import algorithm_for
+        from grouprl.train.checkpoint.store import save_final_atomic
+        from grouprl.train.parallel import ranks as dist
 
         cfg, ranks = self.config, dist.current()  # ranks: rank 0 alone touches the run's files (train/parallel/ranks.py)
 
@@ -159,7 +163,7 @@ class GRPOTrainer:
 
         with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # one run per output_dir
             resume = ranks.on_main(prepare)
-            self.result = train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
+            self.result = algorithm_for(cfg).train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
             full = ranks.full_state_dict(self.model)  # FSDP: the full weights gathered on rank 0; else None
             final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,

@@ -36,24 +36,39 @@ from typing import Any
 
 import torch
 
-from grouprl.algo.losses import dpo_ipo_loss, dpo_sigmoid_loss
 from grouprl.algo.ops import masked_sum
 from grouprl.data.load import render_prompt
 from grouprl.data.prefs import check_pref_rows
 from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
-from grouprl.train import checkpoint as ckpt
-from grouprl.train.parallel import ranks as dist
+from grouprl.registry import PREFERENCE_LOSSES
 from grouprl.run import reporting
-from grouprl.train.evaluate import evaluate_model
-from grouprl.train.metrics import MetricsLogger
-from grouprl.train.engine.model import autocast_factory, build_optimizer, enable_checkpointing, upcast_trainable
 from grouprl.run.resume_config import config_record
 from grouprl.run.signals import GracefulStop
+from grouprl.train import checkpoint as ckpt
+from grouprl.train.checkpoint.unpickle import moved_from
+from grouprl.train.engine.model import (
+    autocast_factory,
+    build_optimizer,
+    enable_checkpointing,
+    upcast_trainable,
+)
 from grouprl.train.engine.step import SkipGuard, completion_logps
+from grouprl.train.evaluate import evaluate_model
+from grouprl.train.metrics import MetricsLogger
+from grouprl.train.parallel import ranks as dist
 
-LOSSES = {"sigmoid": dpo_sigmoid_loss, "ipo": dpo_ipo_loss}
-"""dpo_loss -> the loss function of grouprl.algo.losses."""
+
+def preference_loss(cfg: Any):
+    """``(loss fn, its hyper-parameters, averaged)``: the PREFERENCE_LOSSES entry ``dpo_loss`` names, the
+    config values it declares (beta; label_smoothing for cDPO), and whether it takes token-averaged log-probs
+    (the function's ``averaged_logps``; IPO, arXiv:2310.12036, Sec. 5.2) instead of sums."""
+    import inspect
+
+    fn = PREFERENCE_LOSSES.get(cfg.dpo_loss)
+    offered = {"beta": cfg.dpo_beta, "label_smoothing": cfg.dpo_label_smoothing}
+    params = inspect.signature(fn).parameters
+    return fn, {k: v for k, v in offered.items() if k in params}, bool(getattr(fn, "averaged_logps", False))
 
 
 @dataclass
@@ -158,7 +173,7 @@ def shared_reference_logps(model: Any, pairs: list[Pair], cfg: Any, autocast: An
     ranks = dist.current()
     share = math.ceil(len(pairs) / ranks.world)
     mine = pairs[ranks.rank * share:(ranks.rank + 1) * share]
-    reference_logps(model, mine, cfg.per_device_train_batch_size, cfg.dpo_loss == "ipo", autocast, pad_id)
+    reference_logps(model, mine, cfg.per_device_train_batch_size, preference_loss(cfg)[2], autocast, pad_id)
     gathered = ranks.all_gather([(p.ref_chosen, p.ref_rejected) for p in mine])
     for pair, (c, r) in zip(pairs, [v for part in gathered for v in part]):
         pair.ref_chosen, pair.ref_rejected = c, r
@@ -169,16 +184,13 @@ def micro_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, p
     """The micro-batch's DPO / IPO loss, normalised by the pairs of the WHOLE optimizer step (so the gradient
     does not depend on how the step is split), and its metric sums (also divided by the step's pairs)."""
     device = next(model.parameters()).device
-    average = cfg.dpo_loss == "ipo"  # IPO's margin is on token-averaged log-probs (arXiv:2310.12036, Sec. 5.2)
+    loss_fn, hp, average = preference_loss(cfg)
     logps = sequence_logps(model, collate(pairs, pad_id, device), average).float()
     n = len(pairs)
     chosen, rejected = logps[:n], logps[n:]
     ref_c = torch.tensor([p.ref_chosen for p in pairs], dtype=torch.float32, device=device)
     ref_r = torch.tensor([p.ref_rejected for p in pairs], dtype=torch.float32, device=device)
-    hp = {"beta": cfg.dpo_beta}
-    if cfg.dpo_loss == "sigmoid":
-        hp["label_smoothing"] = cfg.dpo_label_smoothing
-    per_pair, _ = LOSSES[cfg.dpo_loss](chosen, rejected, ref_c, ref_r, **hp)
+    per_pair, _ = loss_fn(chosen, rejected, ref_c, ref_r, **hp)
     loss = per_pair.sum() / step_pairs
     with torch.no_grad():
         r_c, r_r = cfg.dpo_beta * (chosen - ref_c), cfg.dpo_beta * (rejected - ref_r)
@@ -350,5 +362,7 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_
     reporting.refresh(cfg.output_dir, cfg.review_window)  # as GRPO's loop: the report after each evaluation
 
 
-__all__ = ["LOSSES", "Pair", "collate", "micro_batch_loss", "plan_dpo_steps", "reference_logps",
+__all__ = ["preference_loss", "Pair", "collate", "micro_batch_loss", "plan_dpo_steps", "reference_logps",
            "tokenize_pairs", "train_dpo"]
+
+moved_from("grouprl.train.dpo", to=__name__)  # checkpoints pickled its classes under the old path(s)

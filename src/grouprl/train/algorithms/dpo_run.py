@@ -16,6 +16,7 @@ from typing import Any
 
 from grouprl.data.prefs import check_pref_rows
 from grouprl.errors import DataError
+from grouprl.train.algorithms.base import Algorithm, register_algorithm
 from grouprl.train.algorithms.dpo import train_dpo
 
 
@@ -24,9 +25,9 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     disk), load the model, build ``builtin:arithmetic_prefs`` if named, train, save ``<output_dir>/final``."""
     from contextlib import nullcontext
 
-    from grouprl.train.parallel import ranks as dist
     from grouprl.run.lock import run_lock
     from grouprl.run.output_dir import preflight
+    from grouprl.train.parallel import ranks as dist
 
     ranks = dist.current()
     with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
@@ -97,9 +98,9 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import transformers
 
     from grouprl.data.prefs import is_builtin_prefs
-    from grouprl.train.parallel import ranks as dist
-    from grouprl.run import reporting
     from grouprl.run import checks as startup
+    from grouprl.run import reporting
+    from grouprl.run.output_dir import start_run
     from grouprl.train.checkpoint.store import save_final_atomic
     from grouprl.train.engine.model import (
         apply_peft,
@@ -110,7 +111,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
         pick_device,
         resolve_model_path,
     )
-    from grouprl.run.output_dir import start_run
+    from grouprl.train.parallel import ranks as dist
     from grouprl.train.score import resolve_reward_funcs
 
     ranks = dist.current()
@@ -174,5 +175,7 @@ def _print_summary(result: dict[str, Any], cfg: Any) -> None:
         lines.append(f"report:       {result['report']}  (open it in a browser)")
     print("\n".join(lines), flush=True)
 
+
+register_algorithm("dpo", Algorithm(run=run_dpo, dry_run=dry_run_dpo))
 
 __all__ = ["dry_run_dpo", "load_pairs", "run_dpo"]

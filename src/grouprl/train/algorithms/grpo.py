@@ -34,12 +34,18 @@ from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
-from grouprl.train import checkpoint as ckpt
-from grouprl.train.parallel import ranks as dist
 from grouprl.run import reporting
+from grouprl.run.resume_config import config_record
+from grouprl.run.reward_signal import RewardWatch
+from grouprl.run.signals import GracefulStop
+from grouprl.train import checkpoint as ckpt
 from grouprl.train.agent import build_agent
-from grouprl.train.evaluate import evaluate_model
-from grouprl.train.metrics import MetricsLogger, Timers, report_step
+from grouprl.train.algorithms.base import Algorithm, register_algorithm
+from grouprl.train.algorithms.rounds import (  # Round: older checkpoints pickled loop.Round
+    Round,
+    RunContext,
+    generate_round,
+)
 from grouprl.train.engine.model import (
     Reference,
     autocast_factory,
@@ -49,16 +55,11 @@ from grouprl.train.engine.model import (
     upcast_trainable,
 )
 from grouprl.train.engine.precision import resolve_rollout_dtype
-from grouprl.run.resume_config import config_record
-from grouprl.run.reward_signal import RewardWatch
-from grouprl.train.algorithms.rounds import (  # Round: older checkpoints pickled loop.Round
-    Round,
-    RunContext,
-    generate_round,
-)
-from grouprl.train.score import RewardScorer
-from grouprl.run.signals import GracefulStop
 from grouprl.train.engine.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
+from grouprl.train.evaluate import evaluate_model
+from grouprl.train.metrics import MetricsLogger, Timers, report_step
+from grouprl.train.parallel import ranks as dist
+from grouprl.train.score import RewardScorer
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
 
@@ -67,12 +68,6 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
           eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
     """Run GRPO on ``model`` (already loaded, on its device) and return a summary dict. ``agent``
     (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
-    if cfg.algorithm == "ppo":  # a critic and GAE instead of a group baseline: its own loop, grouprl.train.algorithms.ppo
-        from grouprl.train.algorithms.ppo import train_ppo
-
-        dist.check_config(cfg, dist.current().world)  # one process only
-        return train_ppo(cfg, model, tokenizer, train_rows, eval_rows, reward_funcs, eval_reward_fn, resume=resume,
-                         agent=agent)
     load_builtins()
     ranks = join_ranks(cfg, model)  # rank / world size (accelerate launch); no-ops in one process
     agent = agent if agent is not None else build_agent(cfg)
@@ -155,8 +150,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
 def join_ranks(cfg: GRPOConfig, model: Any) -> Any:
     """This process's place among the ranks (``train/parallel/ranks.py``): config checked for the world size, the
     global batch announced by rank 0, rank 0's weights everywhere, a different sampling seed per rank."""
-    ranks = dist.current()
-    dist.check_config(cfg, ranks.world)
+    ranks = dist.current()  # the config was checked for this world size at start-up (GRPOTrainer)
     ranks.announce(cfg)
     ranks.broadcast_parameters(model)
     ranks.seed_rank(cfg.seed)
@@ -247,3 +241,6 @@ def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: Metr
     logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
     logger.log_samples(step, [{"eval": tag, **s} for s in samples])
     reporting.refresh(ctx.cfg.output_dir, ctx.cfg.review_window)
+
+
+register_algorithm("grpo", Algorithm(train=train))

@@ -40,12 +40,17 @@ from grouprl.data.stream import PromptStream
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
-from grouprl.train import checkpoint as ckpt
 from grouprl.run import reporting
+from grouprl.run.resume_config import config_record
+from grouprl.run.reward_signal import RewardWatch
+from grouprl.run.signals import GracefulStop
+from grouprl.train import checkpoint as ckpt
 from grouprl.train.agent import build_agent
+from grouprl.train.algorithms.base import Algorithm, register_algorithm
 from grouprl.train.algorithms.critic import build_critic, critic_values
 from grouprl.train.algorithms.grpo import _evaluate, plan_steps, should_save
-from grouprl.train.metrics import MetricsLogger, Timers, report_step, round_metrics, round_samples
+from grouprl.train.algorithms.rounds import Round, RoundBatch, RunContext, micro_batches, sample_and_score
+from grouprl.train.checkpoint.unpickle import moved_from
 from grouprl.train.engine.model import (
     Reference,
     autocast_factory,
@@ -53,10 +58,6 @@ from grouprl.train.engine.model import (
     enable_checkpointing,
     upcast_trainable,
 )
-from grouprl.run.resume_config import config_record
-from grouprl.run.reward_signal import RewardWatch
-from grouprl.train.algorithms.rounds import Round, RoundBatch, RunContext, micro_batches, sample_and_score
-from grouprl.run.signals import GracefulStop
 from grouprl.train.engine.step import (
     LossSpec,
     MicroBatch,
@@ -65,6 +66,7 @@ from grouprl.train.engine.step import (
     mismatch_correction,
     optimizer_step,
 )
+from grouprl.train.metrics import MetricsLogger, Timers, report_step, round_metrics, round_samples
 
 __all__ = ["Critic", "PPORound", "ValueTargets", "critic_step", "ppo_round", "token_rewards", "train_ppo",
            "whiten_round"]
@@ -353,3 +355,8 @@ def _critic_state(saved: dict[str, Any], path: Path) -> dict[str, Any]:
         raise ConfigError(f"checkpoint {str(path)!r} holds no critic: it was not written by algorithm: ppo. Fix: "
                           f"resume with the algorithm that wrote it, or start a fresh PPO run.")
     return state
+
+
+register_algorithm("ppo", Algorithm(train=train_ppo))
+
+moved_from("grouprl.train.ppo", to=__name__)  # checkpoints pickled its classes under the old path(s)

@@ -31,14 +31,15 @@ from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
-from grouprl.train.parallel import ranks as dist
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
-from grouprl.train.evaluate import completions_for_rewards
-from grouprl.train.metrics import Timers, round_metrics, round_samples
+from grouprl.train.checkpoint.unpickle import moved_from
 from grouprl.train.engine.model import Reference
 from grouprl.train.engine.precision import generation_context
-from grouprl.train.score import RewardScorer
 from grouprl.train.engine.step import MicroBatch, batched_logps
+from grouprl.train.evaluate import completions_for_rewards
+from grouprl.train.metrics import Timers, round_metrics, round_samples
+from grouprl.train.parallel import ranks as dist
+from grouprl.train.score import RewardScorer
 
 
 @dataclass
@@ -299,3 +300,5 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
                                                    padding_free=cfg.padding_free)):
                 mb.old_logp = lp
     return mbs
+
+moved_from("grouprl.train.round", "grouprl.train.loop", to=__name__)  # checkpoints pickled its classes under the old path(s)

@@ -18,37 +18,18 @@ The state also records the byte lengths of ``metrics.jsonl`` / ``samples.jsonl``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import random
-import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import numpy as np
 import torch
 
 from grouprl.errors import ConfigError
-
-PATTERN = re.compile(r"^checkpoint-(\d+)$")
-
-
-def rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+from grouprl.train.checkpoint import unpickle
+from grouprl.train.checkpoint.layout import PATTERN, rng_state, set_rng_state, tmp_checkpoint, to_device
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
@@ -62,11 +43,6 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
     found = list_checkpoints(output_dir)
     return found[-1] if found else None
-
-
-def tmp_checkpoint(output_dir: str | Path, step: int) -> Path:
-    """Where checkpoint-<step> is written before its rename."""
-    return Path(output_dir) / f".tmp-checkpoint-{step}"
 
 
 def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: Any, optimizer: Any,
@@ -131,8 +107,8 @@ def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: 
     """Write ``<output_dir>/final`` as a whole or not at all: into ``.tmp-final``, fsync, mark it complete
     (``final/.complete`` holds the step), then rename over any earlier ``final/``. ``state_dict``: the
     gathered full weights of a sharded model (``Dist.full_state_dict``)."""
-    from grouprl.train.engine.model import save_final
     from grouprl.run.output_dir import COMPLETE
+    from grouprl.train.engine.model import save_final
 
     root = Path(output_dir)
     tmp, final, old = root / ".tmp-final", root / "final", root / ".old-final"
@@ -221,8 +197,6 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
     The unfinished round (its micro-batches' tensors) is moved onto the model's device: it is read onto
     the CPU, and the next forward would otherwise mix devices.
     """
-    from grouprl.train.checkpoint import unpickle
-
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False, pickle_module=unpickle)
     if (path / "distcp").is_dir():  # an FSDP checkpoint: loads into FSDP on any number of ranks, or one process
         from grouprl.train.parallel.fsdp import load_shards
@@ -244,21 +218,6 @@ def _ranks() -> Any:
     from grouprl.train.parallel import ranks as dist
 
     return dist.current()
-
-
-def to_device(obj: Any, device: torch.device | str) -> Any:
-    """``obj`` with every tensor inside (dataclass fields, dicts, lists, tuples) moved to ``device``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            setattr(obj, f.name, to_device(getattr(obj, f.name), device))
-        return obj
-    if isinstance(obj, dict):
-        return {k: to_device(v, device) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_device(v, device) for v in obj)
-    return obj
 
 
 def _load_plain(path: Path, model: Any, optimizer: Any, optimizer_state: dict) -> None:

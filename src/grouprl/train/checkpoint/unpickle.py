@@ -3,8 +3,9 @@
 ``trainer_state.pt`` pickles the unfinished generation round (``Round``, ``MicroBatch``, ``PPORound``,
 ``ValueTargets``) under the module path of its class when it was written. :data:`MOVED` maps the paths of
 earlier layouts (docs/DESIGN.md, "Layout") to today's, so ``torch.load(..., pickle_module=unpickle)``
-reads a checkpoint of any grouprl version since checkpoints held rounds. Add a line here whenever a
-pickled class moves; ``tests/test_old_checkpoints.py`` resumes checkpoints written by the old layout.
+reads a checkpoint of any grouprl version since checkpoints held rounds. A module whose pickled classes
+moved calls :func:`moved_from` with its old paths; ``tests/test_old_checkpoints.py`` resumes checkpoints
+written by the old layout.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import pickle
 from pickle import *  # noqa: F403 -- torch.load uses this module as its pickle_module
 
-MOVED = {
-    "grouprl.train.loop": "grouprl.train.algorithms.rounds",  # the oldest checkpoints pickled loop.Round
-    "grouprl.train.round": "grouprl.train.algorithms.rounds",
-    "grouprl.train.step": "grouprl.train.engine.step",
-    "grouprl.train.ppo": "grouprl.train.algorithms.ppo",
-    "grouprl.train.dpo": "grouprl.train.algorithms.dpo",
-}
-"""Module path in an old pickle -> where its classes live now."""
+MOVED: dict[str, str] = {}
+"""Module path in an old pickle -> where its classes live now (filled by :func:`moved_from`)."""
+
+
+def moved_from(*old: str, to: str) -> None:
+    """Declare, in the module ``to`` that now defines pickled classes, the module paths they had before.
+    The declaration sits with the classes, so this module imports none of them (no import cycle)."""
+    for name in old:
+        MOVED[name] = to
 
 
 class Unpickler(pickle.Unpickler):

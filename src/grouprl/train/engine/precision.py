@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from grouprl.config.algorithms import supports_of
+
 __all__ = ["BF16_CPU_FLAGS", "Autocast", "autocast_factory", "cpu_flags", "cpu_has_fast_bf16",
            "generation_context", "resolve_rollout_dtype"]
 
@@ -128,7 +130,7 @@ def resolve_rollout_dtype(cfg: Any, model: Any) -> str:
         return "float32"
     agent = bool(getattr(cfg, "tools", None) or getattr(cfg, "environment", None))
     if (cfg.rollout_backend != "transformers" or cfg.lean_sampler is False or agent
-            or cfg.algorithm in ("ppo", "dpo")):
+            or not supports_of(cfg.algorithm).lean_bf16_rollout):
         return "float32"
     from grouprl.rollout.lean import unsupported_reason
 

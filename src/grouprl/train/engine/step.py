@@ -24,9 +24,10 @@ import torch
 from grouprl.algo.lmhead import linear_log_softmax
 from grouprl.algo.ops import entropy_from_logits, masked_sum, selective_log_softmax
 from grouprl.errors import GroupRLError
+from grouprl.train.checkpoint.unpickle import moved_from
+from grouprl.train.engine import packing
 from grouprl.train.parallel import ranks as dist
 
-from grouprl.train.engine import packing
 DEFAULT_LOGITS_CHUNK = 1024  # positions per chunk through the LM head (benchmarks/logits_memory.py)
 
 
@@ -414,3 +415,5 @@ def optimizer_step(ctx: Any, mbs: list[MicroBatch], spec: LossSpec, optimizer: A
     if skipped:
         out["skip_reason"] = "non-finite loss" if not finite_loss else "non-finite gradient norm"
     return out
+
+moved_from("grouprl.train.step", to=__name__)  # checkpoints pickled its classes under the old path(s)

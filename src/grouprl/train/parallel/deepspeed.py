@@ -148,9 +148,11 @@ def engine_config(cfg: Any, world: int, config: dict[str, Any] | None = None, *,
 
 def check_config(cfg: Any, world: int) -> None:
     """What DeepSpeed on ``world`` processes cannot run, named before any model loads."""
-    if cfg.algorithm == "dpo":
-        raise ConfigError(f"algorithm='dpo' with DeepSpeed on {world} processes is not supported (DPO's loop takes "
-                          f"its own optimizer steps). Fix: launch DPO data parallel (--multi_gpu).")
+    from grouprl.config.algorithms import supports_of
+
+    if not supports_of(cfg.algorithm).deepspeed:
+        raise ConfigError(f"algorithm={cfg.algorithm!r} with DeepSpeed on {world} processes is not supported (its loop "
+                          f"takes its own optimizer steps). Fix: launch it data parallel (--multi_gpu).")
     if cfg.use_peft:
         raise ConfigError(f"use_peft=true with DeepSpeed on {world} processes is not supported. Fix: launch data "
                           f"parallel (--multi_gpu; LoRA's optimizer state is small), or use_peft=false.")
@@ -287,7 +289,7 @@ class ZeroSharding:
         (``.tmp-checkpoint-<step>/deepspeed``, ``engine.save_checkpoint``); rank 0 then adds the rest."""
         import shutil
 
-        from grouprl.train import checkpoint
+        from grouprl.train.checkpoint import layout as checkpoint
 
         if self.engine is None:
             return super().save_shards(output_dir, step, model, optimizer)

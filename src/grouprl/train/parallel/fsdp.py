@@ -200,16 +200,6 @@ def load_shards(folder: Path, model: Any, optimizer: Any) -> None:
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def checkpoint_hint(path: Any) -> str | None:
-    """What to do with an FSDP checkpoint given where a model folder is expected (``None`` for anything else)."""
-    folder = Path(str(path))
-    if not (folder / SHARDS).is_dir():
-        return None
-    return (f"It is a checkpoint of an FSDP run: its weights are sharded in {SHARDS}/ (torch.distributed.checkpoint). "
-            f"Fix: use the run's final/ folder, resume training from it, or convert it: python -m "
-            f"torch.distributed.checkpoint.format_utils dcp_to_torch {folder / SHARDS} weights.pt")
-
-
 def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None) -> None:
     """``save_pretrained`` of the gathered ``state_dict`` (rank 0), naming the model's own class in
     ``config.json`` (``FSDPQwen2ForCausalLM`` is FSDP's wrapper class; it is no model class to load)."""
@@ -301,7 +291,7 @@ class Sharding:
         whether it did (False without FSDP)."""
         import shutil
 
-        from grouprl.train import checkpoint
+        from grouprl.train.checkpoint import layout as checkpoint
 
         if not self.sharded:
             return False

@@ -282,7 +282,7 @@ class Dist(ZeroSharding, Sharding):
         """After ``checkpoint.load_checkpoint``: this rank's RNG and unfinished round from a checkpoint of
         the same world size; otherwise the unfinished round is dropped (its groups live on ranks that
         no longer exist; the next round starts at the saved data position) and ranks reseed."""
-        from grouprl.train.checkpoint.store import set_rng_state, to_device
+        from grouprl.train.checkpoint.layout import set_rng_state, to_device
 
         ranks = saved.pop("ranks", None)
         if ranks is not None and len(ranks) == self.world:
@@ -328,25 +328,27 @@ class NullLogger:
 
 
 def check_config(cfg: Any, world: int) -> None:
-    """What N processes cannot run, named before any model loads. Data parallel runs everything (dynamic
-    sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``train.round``;
-    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives); FSDP and DeepSpeed have
-    their own limits (``check_config`` in ``train.fsdp``, ``train.deepspeed``). PPO (``train.ppo``, its own
-    loop with a critic) runs on one process."""
-    if world > 1 and cfg.algorithm == "ppo":
-        raise ConfigError(f"algorithm='ppo' with {world} processes is not supported (its loop and critic run on "
-                          f"one process). Fix: launch one process, or algorithm=grpo / gspo / dpo, which run on "
-                          f"several.")
-    from grouprl.train.parallel import deepspeed
+    """What N processes cannot run, named before any model loads: the algorithm's declared process count
+    (``Supports.max_processes``, grouprl.config.algorithms), then the limits of FSDP and DeepSpeed
+    (``check_config`` in ``train.parallel.fsdp``, ``train.parallel.deepspeed``). Data parallel runs the rest
+    (dynamic sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``algorithms.rounds``;
+    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives)."""
+    from grouprl.config.algorithms import supports_of
 
-    from grouprl.train.parallel import fsdp
+    most = supports_of(cfg.algorithm).max_processes
+    if most is not None and world > most:
+        raise ConfigError(f"algorithm={cfg.algorithm!r} with {world} processes is not supported (its loop runs on "
+                          f"at most {most}). Fix: launch {most} process{'es' if most > 1 else ''}, or "
+                          f"algorithm=grpo / gspo / dpo, which run on several.")
+    from grouprl.train.parallel import deepspeed, fsdp
+
     for plugin in (fsdp, deepspeed):
         if world > 1 and plugin.requested():
             plugin.check_config(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
-    from grouprl.train.checkpoint.store import to_device
+    from grouprl.train.checkpoint.layout import to_device
 
     return to_device(copy.deepcopy(obj), "cpu")  # a copy: to_device moves dataclass fields in place
 
