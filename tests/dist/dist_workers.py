@@ -109,7 +109,9 @@ def batch_advantage(rewards: torch.Tensor, scales: list[str]) -> dict[str, torch
     B = rewards.shape[0] // d.world
     mine = rewards[d.rank * B:(d.rank + 1) * B]
     grpo = ADVANTAGES.get("grpo")
-    return {scale: d.global_advantage(lambda r, s=scale: grpo(r, scale=s), mine) for scale in scales}
+    from grouprl.train.algorithms.rounds import global_advantage
+
+    return {scale: global_advantage(d, lambda r, s=scale: grpo(r, scale=s), mine) for scale in scales}
 
 
 # ---- whole runs (GRPOTrainer.train) on every rank -------------------------------------------------
@@ -156,7 +158,7 @@ def run_training(model_dir: str, output_dir: str, reward: Any = letters, resume:
             "history": result["history"]}
 
 
-def _meet(workdir: str) -> dist.Dist:
+def _meet(workdir: str) -> dist.Ranks:
     """Both ranks up (a file each, waited for up to 90 s), then the process group: a short collective
     timeout in a test then never meets a slow interpreter start."""
     import os

@@ -77,9 +77,9 @@ def test_ppo_on_several_processes_is_refused():
 
 
 def test_one_process_has_no_ranks():
-    from grouprl.train.parallel.ranks import Dist
+    from grouprl.train.parallel.ranks import Ranks
 
-    d = Dist()
+    d = Ranks()
     assert (d.rank, d.world, d.is_main, d.enabled) == (0, 1, True, False)
     assert d.global_totals({"num_tokens": 3, "num_seqs": 2, "max_len": 8}) == {"num_tokens": 3, "num_seqs": 2,
                                                                               "max_len": 8}
@@ -89,12 +89,12 @@ def test_one_process_has_no_ranks():
 def test_rank_0_announces_the_processes_and_the_global_batch(capsys):
     from types import SimpleNamespace
 
-    from grouprl.train.parallel.ranks import Dist
+    from grouprl.train.parallel.ranks import Ranks
 
     cfg = GRPOConfig(per_device_train_batch_size=64, gradient_accumulation_steps=2)
-    Dist(SimpleNamespace(process_index=1, num_processes=2, backend="gloo")).announce(cfg)
-    Dist().announce(cfg)
+    Ranks(SimpleNamespace(process_index=1, num_processes=2, backend="gloo")).announce(cfg)
+    Ranks().announce(cfg)
     assert capsys.readouterr().err == ""  # rank 1, and a single process, say nothing
-    Dist(SimpleNamespace(process_index=0, num_processes=2, backend="gloo")).announce(cfg)
+    Ranks(SimpleNamespace(process_index=0, num_processes=2, backend="gloo")).announce(cfg)
     assert "2 processes (gloo); global batch 256 completions per optimizer step = per_device_train_batch_size " \
            "64 x gradient_accumulation_steps 2 x 2 processes" in capsys.readouterr().err

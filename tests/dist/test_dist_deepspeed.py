@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on two gloo ranks train exactly like one process with the same global batch.
 
 The ranks wrap the policy and the optimizer in a ZeRO engine (``grouprl.train.parallel.deepspeed``, through
-``Dist.zero_init`` as the loop does) and take the optimizer steps of ``train.step.optimizer_step``; their
+``Ranks.zero_init`` as the loop does) and take the optimizer steps of ``train.step.optimizer_step``; their
 gathered parameters are compared with one plain process that sees the whole global batch
 (``dist_workers.train_two_steps``). One 2-process launch per stage runs every case.
 """
@@ -48,7 +48,7 @@ def whole_params(model) -> dict[str, torch.Tensor]:
     """Every parameter whole (ZeRO-3 partitions gathered; every rank calls it)."""
     from grouprl.train.parallel import ranks as dist
 
-    with dist.current().full_weights(model):
+    with dist.current().sharding.full_weights(model):
         return {k: v.detach().clone() for k, v in model.named_parameters()}
 
 
@@ -80,7 +80,7 @@ def zero_two_steps(model_dir: str, aggregation: str, ga: Any, optim: str) -> dic
 
 
 def generates_whole(model_dir: str) -> dict:
-    """Greedy lean-sampler and ``generate`` completions inside ``Dist.full_weights``, rank 0 alone (no
+    """Greedy lean-sampler and ``generate`` completions inside ``Ranks.sharding.full_weights``, rank 0 alone (no
     collective may happen inside), and how many parameter elements this rank holds outside it."""
     from transformers import AutoModelForCausalLM
 
@@ -93,7 +93,7 @@ def generates_whole(model_dir: str) -> dict:
     d.zero_init(model, torch.optim.SGD(model.parameters(), lr=0.1), GRPOConfig())
     ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
     out = {"local": sum(p.numel() for p in model.parameters())}
-    with d.full_weights(model):
+    with d.sharding.full_weights(model):
         out["inside"] = sum(p.numel() for p in model.parameters())
         if d.is_main:  # rank 0 alone, as in an evaluation: the other rank is already at the next collective
             out["lean"] = lean_sample(model, ids, torch.ones_like(ids), 2, max_new_tokens=5, temperature=0.0)
@@ -319,26 +319,26 @@ def test_a_checkpoint_of_another_stage_or_without_deepspeed_is_refused_with_the_
     from types import SimpleNamespace
 
     from grouprl.errors import ConfigError
-    from grouprl.train.parallel.ranks import Dist
+    from grouprl.train.parallel.ranks import Ranks
 
     zero = tmp_path / "checkpoint-4" / "deepspeed" / "zero"  # what ZeRO-2 on 2 ranks writes
     zero.mkdir(parents=True)
     for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt",
                  "zero_pp_rank_1_mp_rank_00_optim_states.pt"):
         (zero / name).touch()
-    d = Dist()
+    d = Ranks()
     d.world, d.engine = 2, SimpleNamespace(zero_optimization_stage=lambda: 3)
     with pytest.raises(ConfigError, match="ZeRO-2 checkpoint written by 2 ranks; this run is configured for ZeRO-3"
                                           ".*zero_stage: 2.*--num_processes 2.*zero_to_fp32.py"):
-        d.load_zero(zero.parent)
+        d.sharding.load_zero(zero.parent)
     (zero / "mp_rank_00_model_states.pt").unlink()  # what ZeRO-3 on 2 ranks writes: model states per rank
     for r in (0, 1):
         (zero / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt").touch()
     d.world = 3
     with pytest.raises(ConfigError, match="ZeRO-3 checkpoint resumes on as many ranks only, not 3"):
-        d.load_zero(zero.parent)
+        d.sharding.load_zero(zero.parent)
     with pytest.raises(ConfigError, match="saved without DeepSpeed.*model_name_or_path="):
-        d.load_zero(tmp_path / "plain" / "deepspeed")
+        d.sharding.load_zero(tmp_path / "plain" / "deepspeed")
 
 
 # ---- a ZeRO-2 checkpoint of 2 ranks resumes on 3 (DeepSpeed's universal checkpoint) --------------------------
@@ -369,12 +369,12 @@ def zero_state(model) -> dict:
 
 
 def zero2_save(model_dir: str, out: str) -> dict:
-    """Two ranks: one AdamW step on a random batch, then the DeepSpeed checkpoint (``Dist.save_shards``)."""
+    """Two ranks: one AdamW step on a random batch, then the DeepSpeed checkpoint (``Ranks.sharding.save_shards``)."""
     d, model = adamw_engine(model_dir)
     ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(d.rank))
     d.engine.backward(d.engine(input_ids=ids, labels=ids).loss)
     d.engine.step()
-    assert d.save_shards(out, 1, model, None)
+    assert d.sharding.save_shards(out, 1, model, None)
     return zero_state(model)
 
 
@@ -382,7 +382,7 @@ def zero2_load(model_dir: str, folder: str) -> dict:
     from pathlib import Path
 
     d, model = adamw_engine(model_dir)
-    d.load_zero(Path(folder))
+    d.sharding.load_zero(Path(folder))
     return zero_state(model)
 
 

@@ -1,6 +1,6 @@
 """FSDP2 on two gloo ranks trains exactly like one process with the same global batch.
 
-The ranks shard the policy with ``fully_shard`` (``grouprl.train.parallel.fsdp``, through ``Dist.shard`` as the loop
+The ranks shard the policy with ``fully_shard`` (``grouprl.train.parallel.fsdp``, through ``Ranks.shard`` as the loop
 does) and take the optimizer steps of ``train.step.optimizer_step``; their gathered parameters are compared
 with one unsharded process that sees the whole global batch (``dist_workers.train_two_steps``).
 One 2-process launch runs every case.
@@ -48,7 +48,7 @@ def fsdp_two_steps(model_dir: str, aggregation: str, ga: int, optim: str,
 
 
 def lean_with_full_weights(model_dir: str) -> dict:
-    """Greedy lean-sampler completions of a sharded model inside ``Dist.full_weights``, rank 0 alone
+    """Greedy lean-sampler completions of a sharded model inside ``Ranks.sharding.full_weights``, rank 0 alone
     (no collective may happen inside), and how much of the model this rank holds outside it."""
     from transformers import AutoModelForCausalLM
 
@@ -62,7 +62,7 @@ def lean_with_full_weights(model_dir: str) -> dict:
     local = sum(p.to_local().numel() for p in model.parameters())
     ids = torch.randint(5, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(3))
     out = {"local": local, "full": full}
-    with d.full_weights(model):
+    with d.sharding.full_weights(model):
         out["unsupported"] = unsupported_reason(model)
         if d.is_main:  # rank 0 alone, as in an evaluation: the other rank is already at the next collective
             out["lean"] = lean_sample(model, ids, torch.ones_like(ids), 2, max_new_tokens=5, temperature=0.0)

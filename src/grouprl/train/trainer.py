@@ -165,7 +165,7 @@ class GRPOTrainer:
             resume = ranks.on_main(prepare)
             self.result = algorithm_for(cfg).train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
-            full = ranks.full_state_dict(self.model)  # FSDP: the full weights gathered on rank 0; else None
+            full = ranks.sharding.full_state_dict(self.model)  # FSDP: the full weights gathered on rank 0; else None
             final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,
                                   self.result["global_step"], **({} if full is None else {"state_dict": full}))
         self.result["final_model"] = str(final)

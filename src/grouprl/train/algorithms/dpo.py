@@ -19,7 +19,7 @@ appended (the model must learn to stop); chat completions end as the chat templa
 Several processes (``accelerate launch``, ``train.dist``): the pair order is global and each rank takes its
 contiguous share of every global batch of ``per_device_train_batch_size x gradient_accumulation_steps x N``
 pairs; each loss is normalised by the pairs of the whole global step, so the gradients are SUMMED over ranks
-(``Dist.sum_gradients``) and every rank takes the same step, exactly one process on the global batch. The
+(``Ranks.sum_gradients``) and every rank takes the same step, exactly one process on the global batch. The
 reference log-probs are computed once, each rank for its share of the pairs, then gathered. Rank 0 alone
 logs, evaluates and writes checkpoints. Simplification: pairs are re-tokenised from their text (as TRL
 does). What ``grouprl train`` does around this loop (checks, data, model, final model) is in

@@ -92,7 +92,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
                      train_rows, step, total_steps, sampling, agent)
-    run_eval = ranks.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
+    run_eval = ranks.sharding.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
         model, partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals))
     watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
 
@@ -101,7 +101,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                  "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
                  "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
         per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
-        sharded = ranks.save_shards(cfg.output_dir, step, model, optimizer)  # FSDP: every rank writes its shards
+        sharded = ranks.sharding.save_shards(cfg.output_dir, step, model, optimizer)  # FSDP: every rank writes its shards
         if not ranks.is_main:  # rank 0 writes the (replicated) weights and optimizer, and every rank's state
             return None
         if per_rank is not None:
@@ -122,7 +122,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
             if rnd is None or round_step >= steps_per_round:  # a new generation round
                 backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
                 ctx.step = step
-                with ranks.full_weights(model):  # FSDP: the whole policy on every rank while it generates
+                with ranks.sharding.full_weights(model):  # FSDP: the whole policy on every rank while it generates
                     rnd, round_step = generate_round(ctx, stream, timers), 0
                 rnd.metrics = ranks.mean_metrics(rnd.metrics)  # the round's metrics over every rank
                 watch.check(rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop

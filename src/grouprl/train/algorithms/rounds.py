@@ -240,7 +240,7 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     G = ctx.cfg.num_generations
     # per sampled part, on the rewards of every rank (train/parallel/ranks.py: a batch std sees the global batch);
     # a part this rank did not generate joins the collective with no rows
-    part_adv = [dist.current().global_advantage(ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
+    part_adv = [global_advantage(dist.current(), ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
                 for s in parts]
     if not keep:  # this rank keeps no group (drop): it trains on nothing this round
         first = parts[0]
@@ -300,5 +300,16 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
                                                    padding_free=cfg.padding_free)):
                 mb.old_logp = lp
     return mbs
+
+def global_advantage(ranks: Any, advantage_fn: Any, rewards: torch.Tensor) -> torch.Tensor:
+    """Advantages of this rank's groups computed on the rewards of EVERY rank (``[B, G]`` -> ``[B, G]``):
+    a group estimator may normalise over the whole batch (e.g. ``scale_rewards: batch``)."""
+    if not ranks.enabled:
+        return advantage_fn(rewards)
+    parts = ranks.all_gather(rewards.detach().cpu())
+    start = sum(p.shape[0] for p in parts[:ranks.rank])
+    adv = advantage_fn(torch.cat(parts).to(rewards.device))
+    return adv[start:start + rewards.shape[0]]
+
 
 moved_from("grouprl.train.round", "grouprl.train.loop", to=__name__)  # checkpoints pickled its classes under the old path(s)

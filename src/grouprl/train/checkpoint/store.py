@@ -50,7 +50,7 @@ def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: An
                     sharded: bool = False) -> Path:
     """Write checkpoint-<step> atomically; ``state`` holds data position, round buffer, metrics history.
     ``sharded``: every rank has already written the model and optimizer shards into
-    ``tmp_checkpoint(...)/distcp`` (``Dist.save_shards``); only the config is added here."""
+    ``tmp_checkpoint(...)/distcp`` (``Ranks.sharding.save_shards``); only the config is added here."""
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"checkpoint-{step}"
@@ -106,7 +106,7 @@ def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: 
                       state_dict: dict | None = None) -> Path:
     """Write ``<output_dir>/final`` as a whole or not at all: into ``.tmp-final``, fsync, mark it complete
     (``final/.complete`` holds the step), then rename over any earlier ``final/``. ``state_dict``: the
-    gathered full weights of a sharded model (``Dist.full_state_dict``)."""
+    gathered full weights of a sharded model (``Ranks.sharding.full_state_dict``)."""
     from grouprl.run.output_dir import COMPLETE
     from grouprl.train.engine.model import save_final
 
@@ -203,7 +203,7 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any) -> d
 
         load_shards(path / "distcp", model, optimizer)
     elif (path / "deepspeed").is_dir() or _ranks().engine is not None:  # DeepSpeed ZeRO (train/parallel/deepspeed.py)
-        _ranks().load_zero(path / "deepspeed")
+        _ranks().sharding.load_zero(path / "deepspeed")
     else:
         _load_plain(path, model, optimizer, state.pop("optimizer"))
     state.pop("optimizer", None)

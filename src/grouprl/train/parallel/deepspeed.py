@@ -238,16 +238,29 @@ def gathered(engine: Any) -> Iterator[None]:
             offload._register_deepspeed_module(root, count=[0])
 
 
-class ZeroSharding:
-    """The DeepSpeed part of ``train.dist.Dist``: no-ops unless accelerate's environment asks for DeepSpeed
-    and several processes run. Overrides FSDP's ``Sharding`` hooks the loop calls."""
+class ZeRO:
+    """The DeepSpeed ZeRO-2/3 sharding strategy of a :class:`~grouprl.train.parallel.ranks.Ranks` (held by
+    composition as ``ranks.sharding``; chosen by ``Ranks.zero_init`` when accelerate's environment asks for
+    DeepSpeed and several processes run)."""
 
-    engine: Any = None
+    sharded = False  # FSDP's flag: DeepSpeed's engine reduces the gradients itself
+
+    def __init__(self, ranks: Any) -> None:
+        self.ranks = ranks
+        self.engine: Any = None  # set by zero_init()
+
+    def shard(self, model: Any, reference: Any = None) -> bool:
+        return False  # ZeRO partitions through its engine (zero_init), not fully_shard
+
+    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
+        """``fn`` called inside :meth:`full_weights` (on every rank)."""
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with self.full_weights(model):
+                return fn(*args, **kwargs)
+        return call
 
     def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
         """Wrap ``model`` and ``optimizer`` (already built) in a DeepSpeed ZeRO engine; returns whether it did."""
-        if not (self.enabled and requested()):
-            return False
         import warnings
 
         import deepspeed
@@ -256,33 +269,30 @@ class ZeroSharding:
                                 message=r"`torch\.distributed\.(reduce_scatter_tensor|all_gather_into_tensor)` is")
         device = next(model.parameters()).device
         bf16 = bool(cfg.bf16) and device.type == "cuda" and torch.cuda.is_bf16_supported()  # autocast_factory's rule
-        config = engine_config(cfg, self.world, bf16_autocast=bf16)
-        self.check()
-        with self.failures():
+        config = engine_config(cfg, self.ranks.world, bf16_autocast=bf16)
+        self.ranks.check()
+        with self.ranks.failures():
             self.engine = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                dist_init_required=False)[0]
-        if self.is_main:
+        if self.ranks.is_main:
             stage = config["zero_optimization"].get("stage")
-            print(f"grouprl: DeepSpeed ZeRO-{stage} over {self.world} processes; gradients summed over ranks "
-                  f"(each backward of {self.world} x the loss)", file=sys.stderr, flush=True)
+            print(f"grouprl: DeepSpeed ZeRO-{stage} over {self.ranks.world} processes; gradients summed over ranks "
+                  f"(each backward of {self.ranks.world} x the loss)", file=sys.stderr, flush=True)
         return True
 
     def full_weights(self, model: Any) -> Any:
-        if self.engine is None:
-            return super().full_weights(model)
-        self.check()
+        """A context in which ZeRO-3's partitioned parameters are whole on every rank."""
+        self.ranks.check()
         return gathered(self.engine)
 
     def full_state_dict(self, model: Any) -> dict | None:
         """ZeRO-3: the full weights on rank 0 (``{}`` elsewhere; every rank calls it). ZeRO-2: ``None``
         (the parameters are whole on every rank)."""
-        if self.engine is None:
-            return super().full_state_dict(model)
         if getattr(self.engine.optimizer, "parameter_offload", None) is None:
             return None
-        self.check()
-        with self.failures(), gathered(self.engine):
-            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if self.is_main else {}
+        self.ranks.check()
+        with self.ranks.failures(), gathered(self.engine):
+            return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()} if self.ranks.is_main else {}
 
     def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
         """DeepSpeed: every rank writes its partitions into the checkpoint being written
@@ -291,12 +301,10 @@ class ZeroSharding:
 
         from grouprl.train.checkpoint import layout as checkpoint
 
-        if self.engine is None:
-            return super().save_shards(output_dir, step, model, optimizer)
         tmp = checkpoint.tmp_checkpoint(output_dir, step)
-        self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
-        self.check()
-        with self.failures():
+        self.ranks.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
+        self.ranks.check()
+        with self.ranks.failures():
             self.engine.save_checkpoint(str(tmp / FOLDER), tag=TAG, client_state={"universal_checkpoint_info": {}})
         return True
 
@@ -307,16 +315,14 @@ class ZeroSharding:
         if not folder.is_dir():
             no_plain_resume(folder.parent)
         saved, stage = checkpoint_ranks(folder), checkpoint_stage(folder)
-        if self.engine is None:
-            refuse(folder, saved, stage, "it resumes under DeepSpeed only")
         now = self.engine.zero_optimization_stage()
         if stage != now:
             refuse(folder, saved, stage, f"this run is configured for ZeRO-{now}")
-        if saved != self.world and stage == 3:
-            refuse(folder, saved, stage, f"a ZeRO-3 checkpoint resumes on as many ranks only, not {self.world}")
-        tag = self.on_main(to_universal, folder) if saved != self.world else TAG  # ZeRO-2, N -> M ranks
-        self.check()
-        with self.failures():
+        if saved != self.ranks.world and stage == 3:
+            refuse(folder, saved, stage, f"a ZeRO-3 checkpoint resumes on as many ranks only, not {self.ranks.world}")
+        tag = self.ranks.on_main(to_universal, folder) if saved != self.ranks.world else TAG  # ZeRO-2, N -> M ranks
+        self.ranks.check()
+        with self.ranks.failures():
             self.engine._config.load_universal_checkpoint = tag != TAG
             try:
                 path, _ = self.engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
@@ -325,6 +331,13 @@ class ZeroSharding:
                 self.engine._config.load_universal_checkpoint = False
         if path is None:
             raise ConfigError(f"DeepSpeed could not load its checkpoint from {folder} (tag {tag!r}).")
+
+
+def load_without_engine(folder: Path) -> None:
+    """A DeepSpeed checkpoint given to a run without DeepSpeed: refused with the fix."""
+    if not folder.is_dir():
+        no_plain_resume(folder.parent)
+    refuse(folder, checkpoint_ranks(folder), checkpoint_stage(folder), "it resumes under DeepSpeed only")
 
 
 def refuse(folder: Path, saved: int, stage: int, why: str) -> None:

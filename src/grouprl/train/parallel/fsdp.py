@@ -28,7 +28,7 @@ number of ranks -- one process without FSDP too -- can load; a checkpoint saved 
 the shards too (:func:`load_full`). ``final/`` is a plain ``save_pretrained`` folder of the full state dict
 gathered on rank 0 (:func:`gather_state_dict`).
 
-The loop reaches all of this through ``train.dist.Dist``, whose FSDP methods are :class:`Sharding`'s.
+The loop reaches all of this through ``train.dist.Ranks``, whose FSDP methods are :class:`Sharding`'s.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def save_full(model: Any, path: Path, state_dict: dict[str, torch.Tensor] | None
     if state_dict is None:
         raise ConfigError(f"this model is sharded with FSDP over the ranks: one rank cannot save it alone (to "
                           f"{str(path)!r}). Fix: use <output_dir>/final, which the trainer gathers and saves, or "
-                          f"gather on every rank with dist.current().full_state_dict(model) and pass it to "
+                          f"gather on every rank with dist.current().sharding.full_state_dict(model) and pass it to "
                           f"save_final(..., state_dict=...) on rank 0.")
 
     before = getattr(model.config, "architectures", None)
@@ -239,26 +239,28 @@ def load_full(model: Any, optimizer: Any, weights: dict[str, torch.Tensor], opti
                    options=StateDictOptions(full_state_dict=True, strict=False))
 
 
-class Sharding:
-    """The FSDP2 part of ``train.dist.Dist`` (its ranks, collectives and failure flag): no-ops unless
-    accelerate's environment asks for FSDP and several processes run."""
+class FSDP2:
+    """The FSDP2 sharding strategy of a :class:`~grouprl.train.parallel.ranks.Ranks` (held by composition as
+    ``ranks.sharding``; chosen by ``Ranks.shard`` when accelerate's environment asks for FSDP and several
+    processes run)."""
 
-    sharded = False  # set by shard()
+    engine = None  # a DeepSpeed engine: none here
+
+    def __init__(self, ranks: Any) -> None:
+        self.ranks = ranks
+        self.sharded = False  # set by shard()
 
     def shard(self, model: Any, reference: Any = None) -> bool:
-        """Shard ``model`` (and the reference copy, if it has its own) with FSDP2 when accelerate is
-        configured for FSDP and several processes run; returns whether it did."""
-        if not (self.enabled and requested()):
-            return False
-        self.check()
-        with self.failures():
+        """Shard ``model`` (and the reference copy, if it has its own) with FSDP2; returns True."""
+        self.ranks.check()
+        with self.ranks.failures():
             shard_model(model)
             if reference is not None and not getattr(reference, "shared", True):
                 shard_model(reference.model)
         self.sharded = True
-        if self.is_main:
+        if self.ranks.is_main:
             print(f"grouprl: FSDP2: {len(units_of(model))} units (decoder layers + root) sharded over "
-                  f"{self.world} processes{' (and the reference model)' if reference is not None and not reference.shared else ''}; "
+                  f"{self.ranks.world} processes{' (and the reference model)' if reference is not None and not reference.shared else ''}; "
                   f"gradients summed over ranks", file=sys.stderr, flush=True)
         return True
 
@@ -267,7 +269,7 @@ class Sharding:
         enters it. A no-op without FSDP."""
         if not self.sharded:
             return nullcontext()
-        self.check()
+        self.ranks.check()
         return unsharded(model)
 
     def with_full_weights(self, model: Any, fn: Callable) -> Callable:
@@ -277,12 +279,20 @@ class Sharding:
                 return fn(*args, **kwargs)
         return call
 
+    def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
+        return False  # FSDP2 shards without a DeepSpeed engine
+
+    def load_zero(self, folder: Path) -> None:
+        from grouprl.train.parallel.deepspeed import load_without_engine
+
+        load_without_engine(folder)
+
     def full_state_dict(self, model: Any) -> dict | None:
         """A sharded model's full weights on rank 0 (``{}`` elsewhere; every rank calls it); ``None`` without FSDP."""
         if not self.sharded:
             return None
-        self.check()
-        with self.failures():
+        self.ranks.check()
+        with self.ranks.failures():
             return gather_state_dict(model)
 
     def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
@@ -296,8 +306,8 @@ class Sharding:
         if not self.sharded:
             return False
         tmp = checkpoint.tmp_checkpoint(output_dir, step)
-        self.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
-        self.check()
-        with self.failures():
+        self.ranks.on_main(lambda: shutil.rmtree(tmp) if tmp.exists() else None)  # a leftover of a killed save
+        self.ranks.check()
+        with self.ranks.failures():
             save_sharded(tmp / SHARDS, model, optimizer)
         return True

@@ -1,9 +1,9 @@
 """Multi-process training on accelerate: the only module where ranks exist.
 
 ``accelerate launch --num_processes N -m grouprl train -c recipe.yaml`` starts N copies of the trainer;
-:func:`current` gives each its :class:`Dist` (accelerate's ``PartialState``, which sets up the process
+:func:`current` gives each its :class:`Ranks` (accelerate's ``PartialState``, which sets up the process
 group -- gloo on CPU, NCCL on GPUs -- with the timeout of :data:`TIMEOUT_ENV`). A single process gets a
-``Dist`` of world size 1 whose collectives return their input: the loop calls the same hooks either way.
+``Ranks`` of world size 1 whose collectives return their input: the loop calls the same hooks either way.
 
 What N processes mean (``docs/DISTRIBUTED.md``):
 
@@ -23,7 +23,7 @@ What N processes mean (``docs/DISTRIBUTED.md``):
   the gradients (its division by N switched off); with DeepSpeed ZeRO-2/3 (``train/parallel/deepspeed.py``) its
   engine reduces and steps, each backward of N x the loss.
 * Failures. Every collective here first all-reduces an error flag. A rank that raises calls
-  :meth:`Dist.fail` from :meth:`Dist.failures`, which joins that flag with 1 and sends its message; the
+  :meth:`Ranks.fail` from :meth:`Ranks.failures`, which joins that flag with 1 and sends its message; the
   other ranks, at their next collective, raise :class:`PeerFailure` naming the rank and the error.
   A rank that dies without raising (killed, segfault) is caught by the process group's timeout.
 """
@@ -34,15 +34,14 @@ import copy
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
-from grouprl.train.parallel.deepspeed import ZeroSharding
-from grouprl.train.parallel.fsdp import Sharding
+from grouprl.train.parallel import deepspeed, fsdp
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
 """Seconds any collective may wait for the other ranks (default 1800: rank 0 evaluating while the
@@ -54,15 +53,72 @@ class PeerFailure(GroupRLError, RuntimeError):
     """Another rank raised; this rank stops with that rank's error."""
 
 
-class Dist(ZeroSharding, Sharding):
-    """This process's place in the run: ``rank`` of ``world``; collectives that are no-ops alone."""
+class NoSharding:
+    """Every rank holds the whole model (one process, or data parallel: gradients summed by
+    :meth:`Ranks.sum_gradients`). The strategies with the same methods: ``fsdp.FSDP2``, ``deepspeed.ZeRO``."""
+
+    sharded = False
+    engine = None
+
+    def shard(self, model: Any, reference: Any = None) -> bool:
+        return False
+
+    def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
+        return False
+
+    def full_weights(self, model: Any) -> Any:
+        return nullcontext()
+
+    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
+        return fn
+
+    def full_state_dict(self, model: Any) -> dict | None:
+        return None
+
+    def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
+        return False
+
+    def load_zero(self, folder: Any) -> None:
+        deepspeed.load_without_engine(folder)
+
+
+class Ranks:
+    """This process's place in the run: ``rank`` of ``world``; collectives that are no-ops alone. The
+    sharding strategy is held by composition (``sharding``: :class:`NoSharding`, ``fsdp.FSDP2`` or
+    ``deepspeed.ZeRO``), chosen when the loop asks to shard (:meth:`shard`, :meth:`zero_init`)."""
 
     def __init__(self, state: Any = None) -> None:
         self.state = state
         self.rank = int(state.process_index) if state is not None else 0
         self.world = int(state.num_processes) if state is not None else 1
         self._in_collective = self._broken = False  # broken: a collective raised (peer gone, timeout)
-        self.sharded = False  # FSDP2 (train/parallel/fsdp.py): set by shard()
+        self.sharding: Any = NoSharding()
+
+    @property
+    def sharded(self) -> bool:
+        """Whether FSDP2 shards the model (its reduce-scatter sums the gradients)."""
+        return self.sharding.sharded
+
+    @property
+    def engine(self) -> Any:
+        """The DeepSpeed ZeRO engine, or None."""
+        return self.sharding.engine
+
+    def shard(self, model: Any, reference: Any = None) -> bool:
+        """FSDP2 when accelerate is configured for FSDP and several processes run (train/parallel/fsdp.py):
+        the strategy becomes ``fsdp.FSDP2`` and shards ``model`` (and the reference); else nothing."""
+        if not (self.enabled and fsdp.requested()):
+            return False
+        self.sharding = fsdp.FSDP2(self)
+        return self.sharding.shard(model, reference)
+
+    def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
+        """DeepSpeed ZeRO-2/3 when accelerate is configured for it and several processes run
+        (train/parallel/deepspeed.py): the strategy becomes ``deepspeed.ZeRO``; else nothing."""
+        if not (self.enabled and deepspeed.requested()):
+            return False
+        self.sharding = deepspeed.ZeRO(self)
+        return self.sharding.zero_init(model, optimizer, cfg)
 
     @property
     def is_main(self) -> bool:
@@ -220,15 +276,6 @@ class Dist(ZeroSharding, Sharding):
         parts = self.all_gather(totals)
         return {k: (max(p[k] for p in parts) if k == "max_len" else sum(p[k] for p in parts)) for k in totals}
 
-    def global_advantage(self, advantage_fn: Callable, rewards: torch.Tensor) -> torch.Tensor:
-        """Advantages of this rank's groups computed on the rewards of EVERY rank (``[B, G]`` -> ``[B, G]``)."""
-        if not self.enabled:
-            return advantage_fn(rewards)
-        parts = self.all_gather(rewards.detach().cpu())
-        start = sum(p.shape[0] for p in parts[:self.rank])
-        adv = advantage_fn(torch.cat(parts).to(rewards.device))
-        return adv[start:start + rewards.shape[0]]
-
     def mean_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
         """Round metrics over ranks: ``*_min`` / ``*_max`` by min / max, the rest by the mean over ranks
         (the global mean for means over equal shares of the batch; NaN-aware)."""
@@ -340,8 +387,6 @@ def check_config(cfg: Any, world: int) -> None:
         raise ConfigError(f"algorithm={cfg.algorithm!r} with {world} processes is not supported (its loop runs on "
                           f"at most {most}). Fix: launch {most} process{'es' if most > 1 else ''}, or "
                           f"algorithm=grpo / gspo / dpo, which run on several.")
-    from grouprl.train.parallel import deepspeed, fsdp
-
     for plugin in (fsdp, deepspeed):
         if world > 1 and plugin.requested():
             plugin.check_config(cfg, world)
@@ -353,14 +398,14 @@ def _to_cpu(obj: Any) -> Any:
     return to_device(copy.deepcopy(obj), "cpu")  # a copy: to_device moves dataclass fields in place
 
 
-_CURRENT: Dist | None = None
+_CURRENT: Ranks | None = None
 
 
-def current() -> Dist:
-    """This process's :class:`Dist`: started by ``accelerate launch`` (``WORLD_SIZE`` > 1), else alone."""
+def current() -> Ranks:
+    """This process's :class:`Ranks`: started by ``accelerate launch`` (``WORLD_SIZE`` > 1), else alone."""
     global _CURRENT
     if _CURRENT is None:
-        _CURRENT = Dist(_partial_state()) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else Dist()
+        _CURRENT = Ranks(_partial_state()) if int(os.environ.get("WORLD_SIZE", "1")) > 1 else Ranks()
     return _CURRENT
 
 
@@ -385,10 +430,10 @@ def _partial_state() -> Any:
     return PartialState(cpu=cpu, timeout=timedelta(seconds=seconds))
 
 
-def scatter_from_main(ranks: Dist, fn: Callable[[], list[Any]]) -> Any:
+def scatter_from_main(ranks: Ranks, fn: Callable[[], list[Any]]) -> Any:
     """``fn()`` on rank 0 -- a list of one picklable object per rank -- and its ``r``-th object on rank ``r``
     (each rank receives only its own). If ``fn`` raises on rank 0, every rank stops with that error, as
-    with :meth:`Dist.on_main`."""
+    with :meth:`Ranks.on_main`."""
     if not ranks.enabled:
         return fn()[0]
     import torch.distributed as tdist
