@@ -103,7 +103,7 @@ def default_recipe_case(repeats: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.models import resolve_model_path
     from grouprl.train.engine.packing import pack, row_cost
     from grouprl.train.engine.step import AUTO_PACK_RATIO, completion_logps, trim_padding
 

@@ -147,7 +147,7 @@ def test_cache_dir_is_the_user_cache_never_the_current_folder(tmp_path, monkeypa
 def test_builtin_models_are_looked_up_by_name(tmp_path, monkeypatch):
     import grouprl.builtin
     import grouprl.builtin.warmstart
-    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.models import resolve_model_path
 
     asked = []
     monkeypatch.setattr(grouprl.builtin.warmstart, "builtin_model_path",

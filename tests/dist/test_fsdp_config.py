@@ -62,7 +62,7 @@ def test_an_fsdp_checkpoint_given_as_a_model_names_the_fix(tiny_model_dir, tmp_p
 
     import torch
 
-    from grouprl.train.engine.model import load_model
+    from grouprl.models import load_model
 
     shutil.copy(tiny_model_dir / "config.json", tmp_path / "config.json")
     (tmp_path / "distcp").mkdir()  # what an FSDP checkpoint holds instead of model.safetensors

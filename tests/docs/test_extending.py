@@ -185,8 +185,8 @@ def test_reward_docstring_examples_hold():
 def test_backend_plugs_in_by_path(tiny_model_dir):
     from extending.my_backend import RecordingBackend
 
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.rollout import SamplingParams, make_backend
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     RecordingBackend.history.clear()
     model, tok = load_model(str(tiny_model_dir), "cpu"), load_tokenizer(str(tiny_model_dir))

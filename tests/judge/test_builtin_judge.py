@@ -89,9 +89,9 @@ def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
     import torch
 
     from grouprl.builtin.warmstart import builtin_model_path
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.rewards.judge import parse_pointwise, score_schema
     from grouprl.serve.server import ChatServer
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     path = builtin_model_path("judge")
     chat = ChatServer(load_model(path, torch.device("cpu")), load_tokenizer(path), max_new_tokens=16)

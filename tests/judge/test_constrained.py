@@ -60,8 +60,8 @@ def test_json_object_and_refusals():
 def chat(tiny_model_dir):
     import torch
 
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.serve.server import ChatServer
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
@@ -133,8 +133,8 @@ def test_the_endpoint_honours_response_format(tiny_model_dir):
     import httpx2
     import torch
 
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.serve.server import ChatServer, make_server
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
                       max_new_tokens=48, max_time_s=20)

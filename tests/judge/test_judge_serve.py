@@ -15,8 +15,8 @@ from grouprl.rewards.judge import judge_reward
 def served(tiny_model_dir):
     import torch
 
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.serve.server import ChatServer, make_server
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     torch.manual_seed(0)
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),

@@ -19,8 +19,8 @@ def test_lean_sampler_is_the_cpu_default_and_can_be_forced(choice, device, expec
 
 
 def test_lean_sampler_setting_reaches_the_transformers_backend(tiny_model_dir):
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.rollout import make_backend
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     model, tok = load_model(str(tiny_model_dir), "cpu"), load_tokenizer(str(tiny_model_dir))
     assert make_backend("transformers", model, tok).lean is None
@@ -31,8 +31,8 @@ def test_lean_sampler_setting_reaches_the_transformers_backend(tiny_model_dir):
 def test_generate_is_used_when_the_lean_sampler_is_off(tiny_model_dir, monkeypatch):
     """lean_sampler=False (the CUDA default) samples with model.generate, never the lean path."""
     import grouprl.rollout.lean as lean
+    from grouprl.models import load_model, load_tokenizer
     from grouprl.rollout import SamplingParams, make_backend
-    from grouprl.train.engine.model import load_model, load_tokenizer
 
     model, tok = load_model(str(tiny_model_dir), "cpu"), load_tokenizer(str(tiny_model_dir))
     monkeypatch.setattr(lean, "lean_sample", lambda *a, **k: pytest.fail("lean sampler used"))

@@ -102,7 +102,7 @@ def test_skipped_steps_are_counted_and_too_many_in_a_row_stop_the_run(tiny_model
 
 
 def test_bf16_model_object_trains_with_fp32_master_weights(tiny_model_dir, train_rows, fast_config):
-    from grouprl.train.engine.model import load_tokenizer
+    from grouprl.models import load_tokenizer
     from grouprl.train.trainer import GRPOTrainer
 
     model = _model(tiny_model_dir).to(torch.bfloat16)

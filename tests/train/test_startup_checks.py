@@ -151,8 +151,8 @@ def test_truncation_error_names_the_row_and_left_warns_once_with_the_count(no_mo
 def test_short_prompts_pass_the_length_check_silently(tiny_model_dir, fast_config):
     import warnings
 
+    from grouprl.models import load_tokenizer
     from grouprl.run import checks as startup
-    from grouprl.train.engine.model import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model_dir))
     with warnings.catch_warnings():
@@ -170,7 +170,7 @@ def _train_rows_ds():
 def test_apply_chat_template_rule(tiny_model_dir):
     from grouprl.data.load import render_prompt
     from grouprl.errors import DataError
-    from grouprl.train.engine.model import load_tokenizer
+    from grouprl.models import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model_dir))
     templated = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
@@ -192,7 +192,8 @@ def test_apply_chat_template_rule(tiny_model_dir):
 def test_lora_target_modules_that_match_nothing_name_the_available_ones(tiny_model_dir):
     import torch
 
-    from grouprl.train.engine.model import apply_peft, load_model
+    from grouprl.models import load_model
+    from grouprl.train.engine.model import apply_peft
 
     cfg = GRPOConfig(use_peft=True, lora_target_modules=["qproj"], num_generations=4, per_device_train_batch_size=4)
     with pytest.raises(ConfigError, match=r"lora_target_modules=.*'qproj'.* matches no module of this model. Fix: "
@@ -242,7 +243,7 @@ def test_python_api_run_records_what_it_used(tiny_model_dir, train_rows, fast_co
     import yaml
     from train_helpers import char_reward
 
-    from grouprl.train.engine.model import load_model
+    from grouprl.models import load_model
 
     model = load_model(str(tiny_model_dir), torch.device("cpu"))
     cfg = fast_config(max_steps=1, eval_before_train=False)

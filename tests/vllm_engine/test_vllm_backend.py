@@ -17,7 +17,7 @@ from grouprl.rollout.vllm_backend import EngineError, VLLMBackend
 
 
 def _model_and_tokenizer(path):
-    from grouprl.train.engine.model import load_model, load_tokenizer
+    from grouprl.models import load_model, load_tokenizer
 
     torch.manual_seed(0)
     return load_model(str(path), "cpu"), load_tokenizer(str(path))

@@ -91,7 +91,7 @@ def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
 
 def preflight(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
-    folder is checked after the data, by ``grouprl.train.engine.model.check_model_source``.)"""
+    folder is checked after the data, by ``grouprl.models.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint

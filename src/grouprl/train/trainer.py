@@ -59,13 +59,8 @@ class GRPOTrainer:
         from grouprl.run import checks as startup
 
         startup.preflight(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
-        from grouprl.train.engine.model import (
-            apply_peft,
-            apply_torch_threads,
-            check_model_source,
-            load_model,
-            pick_device,
-        )
+        from grouprl.models import check_model_source, load_model, pick_device
+        from grouprl.train.engine.model import apply_peft, apply_torch_threads
 
         apply_torch_threads(cfg)  # before the model loads: same seed + same threads -> same run
         source = model if model is not None else cfg.model
@@ -195,7 +190,7 @@ class GRPOTrainer:
 
 def _tokenizer_for(source: Any, processing_class: Any):
     """The given tokenizer, or the one saved with the model (hub id, path, builtin name or loaded model)."""
-    from grouprl.train.engine.model import load_tokenizer, resolve_model_path
+    from grouprl.models import load_tokenizer, resolve_model_path
 
     if processing_class is not None:
         return load_tokenizer(None, processing_class)

@@ -34,7 +34,7 @@ def build_critic(policy: Any, critic_model: str | None, device: torch.device) ->
     """A value model for ``policy``: a copy of its backbone (``critic_model=None``) or loaded from a path."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    from grouprl.train.engine.model import resolve_model_path
+    from grouprl.models import resolve_model_path
 
     if critic_model is not None:
         path = resolve_model_path(critic_model)

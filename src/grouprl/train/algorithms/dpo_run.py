@@ -98,19 +98,12 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     import transformers
 
     from grouprl.data.prefs import is_builtin_prefs
+    from grouprl.models import check_model_source, load_model, load_tokenizer, pick_device, resolve_model_path
     from grouprl.run import checks as startup
     from grouprl.run import reporting
     from grouprl.run.output_dir import start_run
     from grouprl.train.checkpoint.store import save_final_atomic
-    from grouprl.train.engine.model import (
-        apply_peft,
-        apply_torch_threads,
-        check_model_source,
-        load_model,
-        load_tokenizer,
-        pick_device,
-        resolve_model_path,
-    )
+    from grouprl.train.engine.model import apply_peft, apply_torch_threads
     from grouprl.train.parallel import ranks as dist
     from grouprl.train.score import resolve_reward_funcs
 
