@@ -14,7 +14,7 @@ import pytest
 import torch
 from dpo_helpers import PAIRS, dpo_config, load_tiny
 
-from grouprl.train.algorithms.dpo import micro_batch_loss, reference_logps, sequence_logps, tokenize_pairs
+from grouprl.train.algorithms.dpo import pair_batch_loss, reference_logps, sequence_logps, tokenize_pairs
 
 
 def _plain_logps(model, pair, average):
@@ -43,7 +43,7 @@ def _setup(tiny_model_dir, tmp_path, **kw):
 
 def test_sigmoid_loss_and_metrics_on_a_hand_case(tiny_model_dir, tmp_path):
     model, tok, cfg, pairs, (c0, r0, c1, r1) = _setup(tiny_model_dir, tmp_path, dpo_beta=0.1)
-    loss, sums = micro_batch_loss(model, pairs, 2, cfg, tok.pad_token_id)
+    loss, sums = pair_batch_loss(model, pairs, 2, cfg, tok.pad_token_id)
     # -log sigmoid(0.1 * 5) = log(1 + e^-0.5) = 0.474077; -log sigmoid(0.1 * -2) = log(1 + e^0.2) = 0.798139
     assert float(loss.detach()) == pytest.approx((0.474077 + 0.798139) / 2, abs=1e-5)
     expected = {"rewards/chosen": (0.2 - 0.1) / 2,  # beta * (logp - ref): 0.1 * 2, 0.1 * -1
@@ -58,14 +58,14 @@ def test_sigmoid_loss_and_metrics_on_a_hand_case(tiny_model_dir, tmp_path):
 
 def test_label_smoothing_is_cdpo(tiny_model_dir, tmp_path):
     model, tok, cfg, pairs, _ = _setup(tiny_model_dir, tmp_path, dpo_beta=0.1, dpo_label_smoothing=0.2)
-    loss, _ = micro_batch_loss(model, pairs[:1], 1, cfg, tok.pad_token_id)
+    loss, _ = pair_batch_loss(model, pairs[:1], 1, cfg, tok.pad_token_id)
     # 0.8 * log(1 + e^-0.5) + 0.2 * log(1 + e^0.5) = 0.8 * 0.474077 + 0.2 * 0.974077
     assert float(loss.detach()) == pytest.approx(0.8 * 0.474077 + 0.2 * 0.974077, abs=1e-5)
 
 
 def test_ipo_uses_token_mean_logps(tiny_model_dir, tmp_path):
     model, tok, cfg, pairs, _ = _setup(tiny_model_dir, tmp_path, dpo_loss="ipo", dpo_beta=0.25)
-    loss, sums = micro_batch_loss(model, pairs, 2, cfg, tok.pad_token_id)
+    loss, sums = pair_batch_loss(model, pairs, 2, cfg, tok.pad_token_id)
     # (h - 1 / (2 * 0.25))^2: (5 - 2)^2 = 9 and (-2 - 2)^2 = 16
     assert float(loss.detach()) == pytest.approx((9 + 16) / 2, abs=1e-3)
     assert float(sums["rewards/margins"]) == pytest.approx(0.25 * (5 - 2) / 2, abs=1e-4)
@@ -77,7 +77,7 @@ def test_step_normalisation_makes_micro_batches_add_up(tiny_model_dir, tmp_path)
     grads = []
     for split in ([pairs], [pairs[:1], pairs[1:]]):
         model.zero_grad()
-        total = sum(micro_batch_loss(model, part, 2, cfg, tok.pad_token_id)[0] for part in split)
+        total = sum(pair_batch_loss(model, part, 2, cfg, tok.pad_token_id)[0] for part in split)
         total.backward()
         grads.append((float(total.detach()), torch.cat([p.grad.flatten() for p in model.parameters()])))
     assert grads[0][0] == pytest.approx(grads[1][0], abs=1e-6)

@@ -32,6 +32,7 @@ import math
 import time
 from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ from grouprl.run import reporting
 from grouprl.run.resume_config import config_record
 from grouprl.run.signals import GracefulStop
 from grouprl.train import checkpoint as ckpt
+from grouprl.train.algorithms.shared import evaluate_and_log, open_logger, resume_path, should_save, summary
 from grouprl.train.checkpoint.unpickle import moved_from
 from grouprl.train.engine.model import (
     autocast_factory,
@@ -53,9 +55,7 @@ from grouprl.train.engine.model import (
     enable_checkpointing,
     upcast_trainable,
 )
-from grouprl.train.engine.step import SkipGuard, completion_logps
-from grouprl.train.evaluate import evaluate_model
-from grouprl.train.metrics import MetricsLogger
+from grouprl.train.engine.step import SkipGuard, accumulate_and_step, completion_logps
 from grouprl.train.parallel import ranks as dist
 
 
@@ -180,7 +180,7 @@ def shared_reference_logps(model: Any, pairs: list[Pair], cfg: Any, autocast: An
 
 
 # ---- one micro-batch ----------------------------------------------------------------------------------
-def micro_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, pad_id: int):
+def pair_batch_loss(model: Any, pairs: list[Pair], step_pairs: int, cfg: Any, pad_id: int):
     """The micro-batch's DPO / IPO loss, normalised by the pairs of the WHOLE optimizer step (so the gradient
     does not depend on how the step is split), and its metric sums (also divided by the step's pairs)."""
     device = next(model.parameters()).device
@@ -208,28 +208,16 @@ def dpo_step(model: Any, batch: list[Pair], cfg: Any, optimizer: Any, scheduler:
     the GRPO step does. Losses and metrics are normalised by the pairs of the global step."""
     ranks, mb = dist.current(), cfg.per_device_train_batch_size
     step_pairs = len(batch) * ranks.world  # the global step: every rank holds an equal share (RankStream)
-    acc: dict[str, torch.Tensor] = {}
-    for start in range(0, len(batch), mb):
-        with autocast():
-            loss, sums = micro_batch_loss(model, batch[start:start + mb], step_pairs, cfg, pad_id)
-        loss.backward()
-        for k, v in sums.items():
-            acc[k] = acc[k] + v if k in acc else v
-    params = [p for p in model.parameters() if p.requires_grad]
-    ranks.sum_gradients(params)  # the global loss is the sum of the ranks' losses: its gradient the sum
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else math.inf)
-    lr = scheduler.get_last_lr()[0]
+    chunks = [batch[start:start + mb] for start in range(0, len(batch), mb)]
+    acc, grad_norm, _, skipped, lr = accumulate_and_step(
+        model, chunks, lambda chunk: pair_batch_loss(model, chunk, step_pairs, cfg, pad_id), autocast, optimizer,
+        scheduler, cfg.max_grad_norm)
     if ranks.enabled:  # sums normalised by the global step: adding the ranks' gives the global value
         parts = ranks.all_gather({k: v.detach().cpu() for k, v in acc.items()})
         acc = {k: sum(part[k] for part in parts) for k in acc}
-    finite = bool(torch.isfinite(acc["loss"])) and bool(torch.isfinite(grad_norm))
-    if finite:
-        optimizer.step()
-        scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
     out = {k: float(v) for k, v in acc.items()} | {"grad_norm": float(grad_norm), "lr": lr,
-                                                   "skipped": float(not finite)}
-    if not finite:
+                                                   "skipped": float(skipped)}
+    if skipped:
         out["skip_reason"] = "non-finite loss or gradient norm"
     return out
 
@@ -254,34 +242,23 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     """Run DPO / IPO on ``model`` (loaded, on its device) with the pairs ``pair_rows``; returns a summary.
     On N processes every rank calls it with the same pairs (see the module docstring)."""
     ranks = dist.current()
-    upcast_trainable(model)
-    ranks.broadcast_parameters(model)  # rank 0's weights everywhere (e.g. a randomly initialised adapter)
-    device = next(model.parameters()).device
-    autocast = autocast_factory(cfg.bf16, device)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    pairs = tokenize_pairs(pair_rows, tokenizer, cfg)
-    total_steps, per_step = plan_dpo_steps(cfg, len(pairs), ranks.world)
-    stream = ranks.shard_stream(PromptStream(len(pairs), per_step, cfg.seed))  # this rank's share of each batch
-    optimizer, scheduler = build_optimizer(model, cfg, total_steps)
+    autocast, pad_id, pairs, (total_steps, per_step), stream, (optimizer, scheduler) = _setup(cfg, model, tokenizer,
+                                                                                              pair_rows, ranks)
     saved: dict[str, Any] = {"step": 0, "history": [], "evals": {}, "skipped_steps": 0, "ref_logp": None}
-    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
-    if resume_path is None:  # pi_ref = the model before any update
+    path = resume_path(cfg, resume)
+    if path is None:  # pi_ref = the model before any update
         shared_reference_logps(model, pairs, cfg, autocast, pad_id)
     else:
-        saved.update(_restore(cfg, resume_path, pairs, model, optimizer, scheduler, stream))
+        saved.update(_restore(cfg, path, pairs, model, optimizer, scheduler, stream))
     ref_logp = torch.tensor([[p.ref_chosen, p.ref_rejected] for p in pairs], dtype=torch.float32)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
     model.train()
     step, history, evals = saved["step"], saved["history"], saved["evals"]
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
-    logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
-                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
-                           resume_step=step) if ranks.is_main else dist.NullLogger()  # rank 0 logs
-
-    def run_eval(tag: str) -> None:  # rank 0; the others wait at their next collective
-        _evaluate(cfg, model, tokenizer, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals, tag,
-                  step)
+    logger = open_logger(cfg, total_steps, resumed=path is not None, step=step, is_main=ranks.is_main)
+    run_eval = partial(evaluate_and_log, cfg, model, tokenizer, eval_rows if ranks.is_main else None, eval_reward_fn,
+                       logger, evals)  # rank 0; the others wait at their next collective
 
     def save() -> Any:
         if not ranks.is_main:  # rank 0 writes the (replicated) weights, optimizer and data position
@@ -297,31 +274,49 @@ def train_dpo(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, eval_rows: A
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
     with stop, closing(logger), ranks.failures():
-        if resume_path is None and cfg.eval_before_train:
-            run_eval("before")
+        if path is None and cfg.eval_before_train:
+            run_eval("before", step)
         while step < total_steps:
-            t0 = time.perf_counter()
-            batch = [pairs[i] for i in stream.next()]
-            update = dpo_step(model, batch, cfg, optimizer, scheduler, autocast, pad_id)
-            step += 1
-            guard.check(update, step)
-            metrics = {**update, "epoch": stream.epoch, "time/step": time.perf_counter() - t0}
-            if step % cfg.logging_steps == 0 or step == total_steps:
-                logger.log(step, metrics)
-                history.append({"step": step, **{k: metrics[k] for k in ("loss", "rewards/accuracies",
-                                                                         "rewards/margins")}})
-            logger.advance(step, metrics)
+            step = _one_step(cfg, model, pairs, stream, optimizer, scheduler, autocast, pad_id, step, guard, logger,
+                             history, total_steps)
             if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
-                run_eval(f"step{step}")
-            saved_now = save() if _should_save(cfg, step, total_steps, len(pairs) // per_step) else None
+                run_eval(f"step{step}", step)
+            saved_now = save() if should_save(cfg, step, len(pairs) // per_step, total_steps) else None
             if ranks.any_true(stop.requested):
                 raise stop.interrupted(step, saved_now or save())
         stop.restore()
-        run_eval("after")
+        run_eval("after", step)
         ranks.check()
-    return {"global_step": step, "total_steps": total_steps, "num_pairs": len(pairs), "history": history,
-            "evals": evals, "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
-            "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+    return summary(cfg, logger, step, total_steps, history, evals, num_pairs=len(pairs))
+
+
+def _setup(cfg: Any, model: Any, tokenizer: Any, pair_rows: Any, ranks: Any):
+    """fp32 master weights and rank 0's weights everywhere, the autocast, the pad id, the tokenised pairs,
+    the step plan, this rank's share of each batch and the optimizer -- in this order (RNG draws)."""
+    upcast_trainable(model)
+    ranks.broadcast_parameters(model)  # rank 0's weights everywhere (e.g. a randomly initialised adapter)
+    autocast = autocast_factory(cfg.bf16, next(model.parameters()).device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pairs = tokenize_pairs(pair_rows, tokenizer, cfg)
+    plan = plan_dpo_steps(cfg, len(pairs), ranks.world)
+    stream = ranks.shard_stream(PromptStream(len(pairs), plan[1], cfg.seed))  # this rank's share of each batch
+    return autocast, pad_id, pairs, plan, stream, build_optimizer(model, cfg, plan[0])
+
+
+def _one_step(cfg: Any, model: Any, pairs: list, stream: Any, optimizer: Any, scheduler: Any, autocast: Any,
+              pad_id: int, step: int, guard: SkipGuard, logger: Any, history: list, total_steps: int) -> int:
+    """The next optimizer step on this rank's share of the next batch, logged; returns the new step."""
+    t0 = time.perf_counter()
+    batch = [pairs[i] for i in stream.next()]
+    update = dpo_step(model, batch, cfg, optimizer, scheduler, autocast, pad_id)
+    step += 1
+    guard.check(update, step)
+    metrics = {**update, "epoch": stream.epoch, "time/step": time.perf_counter() - t0}
+    if step % cfg.logging_steps == 0 or step == total_steps:
+        logger.log(step, metrics)
+        history.append({"step": step, **{k: metrics[k] for k in ("loss", "rewards/accuracies", "rewards/margins")}})
+    logger.advance(step, metrics)
+    return step
 
 
 def _restore(cfg: Any, path: Any, pairs: list[Pair], model: Any, optimizer: Any, scheduler: Any,
@@ -341,28 +336,7 @@ def _restore(cfg: Any, path: Any, pairs: list[Pair], model: Any, optimizer: Any,
     return saved
 
 
-def _should_save(cfg: Any, step: int, total_steps: int, steps_per_epoch: int) -> bool:
-    """Every save_steps (or epoch), and at the last step so that a longer run can --resume from it."""
-    if cfg.save_strategy == "no":
-        return False
-    return step == total_steps or step % (cfg.save_steps if cfg.save_strategy == "steps" else steps_per_epoch) == 0
-
-
-def _evaluate(cfg: Any, model: Any, tokenizer: Any, eval_rows: Any, eval_reward_fn: Any, logger: MetricsLogger,
-              evals: dict, tag: str, step: int) -> None:
-    """Held-out evaluation with ``evaluate_model`` (as GRPO's loop and ``grouprl eval``), logged as eval/*."""
-    if eval_rows is None or len(eval_rows) == 0 or eval_reward_fn is None:
-        return
-    rows = [eval_rows[i] for i in range(len(eval_rows))]
-    result = evaluate_model(cfg, model, tokenizer, rows, eval_reward_fn)
-    samples = result.pop("samples")
-    evals[tag] = dict(result) | {"step": step}
-    logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
-    logger.log_samples(step, [{"eval": tag, **s} for s in samples])
-    reporting.refresh(cfg.output_dir, cfg.review_window)  # as GRPO's loop: the report after each evaluation
-
-
-__all__ = ["preference_loss", "Pair", "collate", "micro_batch_loss", "plan_dpo_steps", "reference_logps",
+__all__ = ["preference_loss", "Pair", "collate", "pair_batch_loss", "plan_dpo_steps", "reference_logps",
            "tokenize_pairs", "train_dpo"]
 
 moved_from("grouprl.train.dpo", to=__name__)  # checkpoints pickled its classes under the old path(s)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from contextlib import closing
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -32,7 +33,7 @@ from grouprl.config import GRPOConfig
 from grouprl.data.stream import PromptStream
 from grouprl.errors import DataError
 from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grouprl.rollout import SamplingParams, make_backend
+from grouprl.rollout import make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.run import reporting
 from grouprl.run.resume_config import config_record
@@ -41,11 +42,9 @@ from grouprl.run.signals import GracefulStop
 from grouprl.train import checkpoint as ckpt
 from grouprl.train.agent import build_agent
 from grouprl.train.algorithms.base import Algorithm, register_algorithm
-from grouprl.train.algorithms.rounds import (  # Round: older checkpoints pickled loop.Round
-    Round,
-    RunContext,
-    generate_round,
-)
+from grouprl.train.algorithms.rounds import Round, RunContext, generate_round, sampling_params
+from grouprl.train.algorithms.shared import evaluate_and_log, open_logger, should_save, summary
+from grouprl.train.algorithms.shared import resume_path as resolve
 from grouprl.train.engine.model import (
     Reference,
     autocast_factory,
@@ -56,12 +55,23 @@ from grouprl.train.engine.model import (
 )
 from grouprl.train.engine.precision import resolve_rollout_dtype
 from grouprl.train.engine.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
-from grouprl.train.evaluate import evaluate_model
-from grouprl.train.metrics import MetricsLogger, Timers, report_step
+from grouprl.train.metrics import Timers, report_step
 from grouprl.train.parallel import ranks as dist
 from grouprl.train.score import RewardScorer
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
+
+
+@dataclass
+class Progress:
+    """Where the loop stands: the optimizer step, the generation round in use and how far into it, the
+    reward history and the evaluations (what a checkpoint saves; ``restore`` reads it back)."""
+
+    step: int
+    rnd: Round | None
+    round_step: int
+    history: list
+    evals: dict
 
 
 def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
@@ -70,7 +80,53 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     (``grouprl.train.agent.build_agent``; ``None`` = from the config's tools / environment) makes rollouts multi-turn."""
     load_builtins()
     ranks = join_ranks(cfg, model)  # rank / world size (accelerate launch); no-ops in one process
-    agent = agent if agent is not None else build_agent(cfg)
+    ctx, spec, stream, plan, optimizer, scheduler = setup(cfg, model, tokenizer, train_rows, reward_funcs, ranks,
+                                                          agent if agent is not None else build_agent(cfg))
+    total_steps, steps_per_round, rounds_per_epoch = plan
+    path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
+    run = _progress(saved)
+    guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
+    logger = open_logger(cfg, total_steps, resumed=path is not None, step=run.step, is_main=ranks.is_main)
+    ctx.step = run.step
+    run_eval = ranks.sharding.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
+        model, partial(evaluate_and_log, cfg, model, tokenizer, eval_rows if ranks.is_main else None,
+                       eval_reward_fn, logger, run.evals, backend=ctx.backend, agent=ctx.agent))
+    watch = RewardWatch(ctx.scorer.names, cfg.max_rounds_without_reward)
+    save = partial(save_state, ctx, ranks, stream, optimizer, scheduler, run, guard, steps_per_round)
+    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
+    # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
+    with stop, closing(logger), ranks.failures():
+        if path is None and cfg.eval_before_train:
+            run_eval("before", run.step)
+        timers = Timers()
+        while run.step < total_steps:
+            if run.rnd is None or run.round_step >= steps_per_round:  # a new generation round
+                new_round(ctx, ranks, stream, timers, watch, run)
+            update = take_step(ctx, spec, optimizer, scheduler, timers, run, steps_per_round)
+            guard.check(update, run.step)  # a non-finite step was skipped: count it; too many in a row: stop
+            metrics = {**run.rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
+            report_step(cfg, logger, run.step, total_steps, metrics, run.rnd.samples, run.history)
+            if cfg.eval_steps and run.step % cfg.eval_steps == 0 and run.step < total_steps:
+                run_eval(f"step{run.step}", run.step)
+            saved_now = save() if should_save(cfg, run.step, steps_per_round * rounds_per_epoch, total_steps) else None
+            if ranks.any_true(stop.requested):
+                raise stop.interrupted(run.step, saved_now or save())
+            timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
+        stop.restore()  # the caller's handlers again (also on leaving the `with`, if the loop raised)
+        run_eval("after", run.step)
+        ranks.check()  # the other ranks wait for rank 0's evaluation (bounded by the collective timeout)
+    return summary(cfg, logger, run.step, total_steps, run.history, run.evals)
+
+
+def _progress(saved: dict[str, Any]) -> Progress:
+    return Progress(saved["step"], saved["round"], saved["round_step"], saved["history"], saved["evals"])
+
+
+def setup(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: list, ranks: Any,
+          agent: Any) -> tuple[RunContext, LossSpec, Any, tuple[int, int, int], Any, Any]:
+    """The run's pieces, in this order (the RNG draws of a seed depend on it): model prepared and sharded,
+    the loss functions, the scorer, the rollout backend, this rank's prompt stream, the step plan, the
+    optimizer (wrapped by DeepSpeed ZeRO when accelerate is configured for it)."""
     autocast, reference = prepare_model(cfg, model)  # fp32 master weights; pi_ref = the starting policy
     ranks.shard(model, reference)  # FSDP2 when accelerate is configured for it (train/parallel/fsdp.py); else a no-op
     spec = loss_spec(cfg)
@@ -79,72 +135,52 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
                            vllm_options=vllm_options(cfg), rollout_dtype=resolve_rollout_dtype(cfg, model))
     # the global prompt order; this rank generates for its contiguous share of each round
     stream = ranks.shard_stream(PromptStream(len(train_rows), cfg.prompts_per_generation * ranks.world, cfg.seed))
-    total_steps, steps_per_round, rounds_per_epoch = plan_steps(cfg, len(train_rows), world=ranks.world)
-    optimizer, scheduler = build_optimizer(model, cfg, total_steps)
-    ranks.zero_init(model, optimizer, cfg)  # DeepSpeed ZeRO-2/3 when accelerate is configured for it (train/parallel/deepspeed.py)
-
-    resume_path, saved = restore(cfg, resume, model, optimizer, scheduler, stream, ranks)
-    step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
-    guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
-    logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
-                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
-                           resume_step=step) if ranks.is_main else dist.NullLogger()  # rank 0 logs
-    sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
+    plan = plan_steps(cfg, len(train_rows), world=ranks.world)
+    optimizer, scheduler = build_optimizer(model, cfg, plan[0])
+    ranks.zero_init(model, optimizer, cfg)  # DeepSpeed ZeRO-2/3 when accelerate is configured for it
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, advantage_function(cfg), reference, autocast,
-                     train_rows, step, total_steps, sampling, agent)
-    run_eval = ranks.sharding.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
-        model, partial(_evaluate, ctx, eval_rows if ranks.is_main else None, eval_reward_fn, logger, evals))
-    watch = RewardWatch(scorer.names, cfg.max_rounds_without_reward)
+                     train_rows, 0, plan[0], sampling_params(cfg), agent)
+    return ctx, spec, stream, plan, optimizer, scheduler
 
-    def save(step: int) -> Any:
-        state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
-                 "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
-                 "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
-        per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
-        sharded = ranks.sharding.save_shards(cfg.output_dir, step, model, optimizer)  # FSDP: every rank writes its shards
-        if not ranks.is_main:  # rank 0 writes the (replicated) weights and optimizer, and every rank's state
-            return None
-        if per_rank is not None:
-            state.update(round=None, ranks=per_rank)
-        path = ckpt.save_checkpoint(cfg.output_dir, step, model, tokenizer, optimizer, scheduler, state,
-                                    total_limit=cfg.save_total_limit, sharded=sharded)
-        reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
-        return path
 
-    stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
-    # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
-    with stop, closing(logger), ranks.failures():
-        if resume_path is None and cfg.eval_before_train:
-            run_eval("before", step)
-        timers = Timers()
-        steps_per_pass, ga = steps_per_round // cfg.num_iterations, cfg.gradient_accumulation_steps
-        while step < total_steps:
-            if rnd is None or round_step >= steps_per_round:  # a new generation round
-                backend.sync_weights(model)  # engines with their own weight copy (vLLM): sample the current policy
-                ctx.step = step
-                with ranks.sharding.full_weights(model):  # FSDP: the whole policy on every rank while it generates
-                    rnd, round_step = generate_round(ctx, stream, timers), 0
-                rnd.metrics = ranks.mean_metrics(rnd.metrics)  # the round's metrics over every rank
-                watch.check(rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop
-            k = round_step % steps_per_pass  # the k-th optimizer step of this pass over the round
-            update = optimizer_step(ctx, rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
-            step, round_step = step + 1, round_step + 1
-            guard.check(update, step)  # a non-finite step was skipped: count it; too many in a row: stop
-            metrics = {**rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
-            report_step(cfg, logger, step, total_steps, metrics, rnd.samples, history)
-            if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
-                run_eval(f"step{step}", step)
-            saved_now = save(step) if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps) else None
-            if ranks.any_true(stop.requested):
-                raise stop.interrupted(step, saved_now or save(step))
-            timers.restart()  # evaluation and checkpoint writing are not part of the next step's time
-        stop.restore()  # the caller's handlers again (also on leaving the `with`, if the loop raised)
-        run_eval("after", step)
-        ranks.check()  # the other ranks wait for rank 0's evaluation (bounded by the collective timeout)
-    return {"global_step": step, "total_steps": total_steps, "history": history, "evals": evals,
-            "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
-            "tensorboard_dir": str(logger.tb_dir) if logger.tb_dir else None,
-            "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or "")}
+def new_round(ctx: RunContext, ranks: Any, stream: Any, timers: Timers, watch: RewardWatch, run: Progress) -> None:
+    """Generate, score and assemble the next round (every rank its share), with the current policy."""
+    ctx.backend.sync_weights(ctx.model)  # engines with their own weight copy (vLLM): sample the current policy
+    ctx.step = run.step
+    with ranks.sharding.full_weights(ctx.model):  # FSDP: the whole policy on every rank while it generates
+        run.rnd, run.round_step = generate_round(ctx, stream, timers), 0
+    run.rnd.metrics = ranks.mean_metrics(run.rnd.metrics)  # the round's metrics over every rank
+    watch.check(run.rnd.metrics)  # no sample rewarded for max_rounds_without_reward rounds: stop
+
+
+def take_step(ctx: RunContext, spec: LossSpec, optimizer: Any, scheduler: Any, timers: Timers, run: Progress,
+              steps_per_round: int) -> dict[str, Any]:
+    """The k-th optimizer step of this pass over the round: its micro-batches, accumulated, clipped, stepped."""
+    steps_per_pass, ga = steps_per_round // ctx.cfg.num_iterations, ctx.cfg.gradient_accumulation_steps
+    k = run.round_step % steps_per_pass
+    update = optimizer_step(ctx, run.rnd.micro_batches[k * ga:(k + 1) * ga], spec, optimizer, scheduler, timers)
+    run.step, run.round_step = run.step + 1, run.round_step + 1
+    return update
+
+
+def save_state(ctx: RunContext, ranks: Any, stream: Any, optimizer: Any, scheduler: Any, run: Progress,
+               guard: SkipGuard, steps_per_round: int) -> Any:
+    """Checkpoint ``run.step``: weights, optimizer, schedule, data position, the unfinished round, every
+    rank's RNG; the run report refreshed to cover it. Returns the checkpoint's path (rank 0) or None."""
+    cfg, model = ctx.cfg, ctx.model
+    state = {"data": stream.state(), "round": run.rnd if run.round_step < steps_per_round else None,
+             "round_step": run.round_step, "history": run.history, "evals": run.evals, "skipped_steps": guard.total,
+             "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
+    per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
+    sharded = ranks.sharding.save_shards(cfg.output_dir, run.step, model, optimizer)  # FSDP / ZeRO: every rank
+    if not ranks.is_main:  # rank 0 writes the (replicated) weights and optimizer, and every rank's state
+        return None
+    if per_rank is not None:
+        state.update(round=None, ranks=per_rank)
+    path = ckpt.save_checkpoint(cfg.output_dir, run.step, model, ctx.tokenizer, optimizer, scheduler, state,
+                                total_limit=cfg.save_total_limit, sharded=sharded)
+    reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
+    return path
 
 
 def join_ranks(cfg: GRPOConfig, model: Any) -> Any:
@@ -183,7 +219,7 @@ def restore(cfg: GRPOConfig, resume: Any, model: Any, optimizer: Any, scheduler:
     """``(checkpoint path or None, saved state)``: weights, optimizer, schedule, RNG, data position and the
     unfinished round of the checkpoint to resume from; the logs cut back to what it covers."""
     saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
-    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
+    resume_path = resolve(cfg, resume)
     if resume_path is not None:
         saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
         ranks.restore_rank_state(saved, cfg.seed)  # this rank's RNG and unfinished round (same world size)
@@ -216,31 +252,6 @@ def advantage_function(cfg: GRPOConfig):
     """The registered estimator with exactly the hyper-parameters ``cfg.resolved()`` gives it."""
     fns = cfg.resolved()
     return partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
-
-
-def should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:
-    """Every save_steps (or epoch), and at the last step so that a longer run can --resume from it."""
-    if cfg.save_strategy == "no":
-        return False
-    if step == total_steps:
-        return True
-    return step % (cfg.save_steps if cfg.save_strategy == "steps" else steps_per_epoch) == 0
-
-
-def _evaluate(ctx: RunContext, eval_rows: Any, eval_reward_fn: Any, logger: MetricsLogger, evals: dict,
-              tag: str, step: int) -> None:
-    """Held-out evaluation (``evaluate_model``: the same function as ``grouprl eval``), logged as eval/*."""
-    if eval_rows is None or len(eval_rows) == 0 or eval_reward_fn is None:
-        return
-    rows = [eval_rows[i] for i in range(len(eval_rows))]
-    ctx.backend.sync_weights(ctx.model)  # an engine with its own weight copy evaluates the current policy
-    result = evaluate_model(ctx.cfg, ctx.model, ctx.tokenizer, rows, eval_reward_fn, backend=ctx.backend,
-                            agent=ctx.agent)
-    samples = result.pop("samples")
-    evals[tag] = {k: v for k, v in result.items()} | {"step": step}
-    logger.log(step, {f"eval/{k}": v for k, v in result.items()} | {"eval/tag": tag})
-    logger.log_samples(step, [{"eval": tag, **s} for s in samples])
-    reporting.refresh(ctx.cfg.output_dir, ctx.cfg.review_window)
 
 
 register_algorithm("grpo", Algorithm(train=train))

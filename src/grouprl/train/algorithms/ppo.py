@@ -38,7 +38,7 @@ from grouprl.algo.ops import masked_mean, masked_sum
 from grouprl.builtins import load_builtins
 from grouprl.data.stream import PromptStream
 from grouprl.registry import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-from grouprl.rollout import SamplingParams, make_backend
+from grouprl.rollout import make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.run import reporting
 from grouprl.run.resume_config import config_record
@@ -48,8 +48,17 @@ from grouprl.train import checkpoint as ckpt
 from grouprl.train.agent import build_agent
 from grouprl.train.algorithms.base import Algorithm, register_algorithm
 from grouprl.train.algorithms.critic import build_critic, critic_values
-from grouprl.train.algorithms.grpo import _evaluate, plan_steps, should_save
-from grouprl.train.algorithms.rounds import Round, RoundBatch, RunContext, micro_batches, sample_and_score
+from grouprl.train.algorithms.grpo import Progress, plan_steps
+from grouprl.train.algorithms.grpo import _progress as progress
+from grouprl.train.algorithms.rounds import (
+    Round,
+    RoundBatch,
+    RunContext,
+    micro_batches,
+    sample_and_score,
+    sampling_params,
+)
+from grouprl.train.algorithms.shared import evaluate_and_log, open_logger, resume_path, should_save, summary
 from grouprl.train.checkpoint.unpickle import moved_from
 from grouprl.train.engine.model import (
     Reference,
@@ -66,7 +75,7 @@ from grouprl.train.engine.step import (
     mismatch_correction,
     optimizer_step,
 )
-from grouprl.train.metrics import MetricsLogger, Timers, report_step, round_metrics, round_samples
+from grouprl.train.metrics import Timers, report_step, round_metrics, round_samples
 
 __all__ = ["Critic", "PPORound", "ValueTargets", "critic_step", "ppo_round", "token_rewards", "train_ppo",
            "whiten_round"]
@@ -268,7 +277,7 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
     model.train()
     backend = make_backend(cfg.rollout_backend, model, tokenizer, lean_sampler=cfg.lean_sampler,
                            vllm_options=vllm_options(cfg))
-    sampling = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k, cfg.max_prompt_length)
+    sampling = sampling_params(cfg)
     scorer = RewardScorer(reward_funcs, cfg.reward_weights, cfg.missing_reward)
     ctx = RunContext(cfg, model, tokenizer, backend, scorer, None, reference, autocast, train_rows, 0, total_steps,
                      sampling)
@@ -277,74 +286,87 @@ def _setup(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, reward_funcs: 
 
 def train_ppo(cfg: Any, model: Any, tokenizer: Any, train_rows: Any, eval_rows: Any, reward_funcs: list,
               eval_reward_fn: Any = None, *, resume: Any = None, agent: Any = None) -> dict[str, Any]:
-    """Run PPO on ``model`` (loaded, on its device); the same summary dict as ``loop.train`` plus ``critic``."""
+    """Run PPO on ``model`` (loaded, on its device); the same summary dict as the GRPO loop plus ``critic``."""
     load_builtins()
     ctx, spec, critic, optimizer, scheduler, plan = _setup(cfg, model, tokenizer, train_rows, reward_funcs)
     ctx.agent = agent if agent is not None else build_agent(cfg)
     total_steps, steps_per_round, rounds_per_epoch = plan
     stream = PromptStream(len(train_rows), cfg.prompts_per_generation, cfg.seed)
-    saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
-    resume_path = ckpt.resolve_resume(resume if resume is not None else cfg.resume_from_checkpoint, cfg.output_dir)
-    if resume_path is not None:  # as loop.train, plus the critic
-        saved.update(ckpt.load_checkpoint(resume_path, model, optimizer, scheduler))
-        stream.load_state(saved["data"])
-        critic.load_state_dict(_critic_state(saved, resume_path))
-        ckpt.truncate_logs(cfg.output_dir, resume_path, saved.get("log_bytes"))
-        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)
-        ckpt.set_learning_rate(critic.optimizer, critic.scheduler, _CriticHP(cfg).learning_rate)
-    step, rnd, round_step, history, evals = (saved[k] for k in ("step", "round", "round_step", "history", "evals"))
+    path, saved = _restore(cfg, resume, model, optimizer, scheduler, stream, critic)
+    run = progress(saved)
     guard = SkipGuard(cfg.max_consecutive_skips, saved["skipped_steps"])
-    logger = MetricsLogger(cfg.output_dir, cfg.report_targets, run_name=cfg.run_name, total_steps=total_steps,
-                           progress=cfg.progress_bar, config=cfg.to_dict(), resume=resume_path is not None,
-                           resume_step=step)
-    ctx.step = step
-    run_eval = partial(_evaluate, ctx, eval_rows, eval_reward_fn, logger, evals)
+    logger = open_logger(cfg, total_steps, resumed=path is not None, step=run.step)
+    ctx.step = run.step
+    run_eval = partial(evaluate_and_log, cfg, model, tokenizer, eval_rows, eval_reward_fn, logger, run.evals,
+                       backend=ctx.backend, agent=ctx.agent)
     watch = RewardWatch(ctx.scorer.names, cfg.max_rounds_without_reward)
-
-    def save(step: int) -> Any:
-        state = {"data": stream.state(), "round": rnd if round_step < steps_per_round else None,
-                 "round_step": round_step, "history": history, "evals": evals, "skipped_steps": guard.total,
-                 "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg),
-                 "critic": critic.state_dict()}
-        path = ckpt.save_checkpoint(cfg.output_dir, step, model, ctx.tokenizer, optimizer, scheduler, state,
-                                    total_limit=cfg.save_total_limit)
-        reporting.refresh(cfg.output_dir, cfg.review_window)
-        return path
-
+    save = partial(_save, ctx, stream, optimizer, scheduler, critic, run, guard, steps_per_round)
     stop = GracefulStop().install()
     with stop, closing(logger):  # leaving: the caller's signal handlers back, logs closed
-        if resume_path is None and cfg.eval_before_train:
-            run_eval("before", step)
+        if path is None and cfg.eval_before_train:
+            run_eval("before", run.step)
         timers = Timers()
-        steps_per_pass, ga = steps_per_round // cfg.num_iterations, cfg.gradient_accumulation_steps
-        while step < total_steps:
-            if rnd is None or round_step >= steps_per_round:
+        while run.step < total_steps:
+            if run.rnd is None or run.round_step >= steps_per_round:
                 ctx.backend.sync_weights(model)
-                ctx.step = step
-                rnd, round_step = ppo_round(ctx, stream, timers, critic), 0
-                watch.check(rnd.metrics)
-            part = slice((round_step % steps_per_pass) * ga, (round_step % steps_per_pass + 1) * ga)
-            update = optimizer_step(ctx, rnd.micro_batches[part], spec, optimizer, scheduler, timers)
-            update.update(critic_step(cfg, critic, rnd.micro_batches[part], rnd.targets[part], ctx.autocast, timers))
-            critic_time = {f"time/{p}": timers.totals.get(p, 0.0) for p in ("value_forward", "critic_update")}
-            step, round_step = step + 1, round_step + 1
-            guard.check(update, step)
-            metrics = {**rnd.metrics, **update, **critic_time, **timers.pop(), "epoch": stream.epoch}
-            report_step(cfg, logger, step, total_steps, metrics, rnd.samples, history)
-            if cfg.eval_steps and step % cfg.eval_steps == 0 and step < total_steps:
-                run_eval(f"step{step}", step)
-            saved_now = save(step) if should_save(cfg, step, steps_per_round * rounds_per_epoch, total_steps) else None
+                ctx.step = run.step
+                run.rnd, run.round_step = ppo_round(ctx, stream, timers, critic), 0
+                watch.check(run.rnd.metrics)
+            update, critic_time = _step(ctx, spec, critic, optimizer, scheduler, timers, run, steps_per_round)
+            guard.check(update, run.step)
+            metrics = {**run.rnd.metrics, **update, **critic_time, **timers.pop(), "epoch": stream.epoch}
+            report_step(cfg, logger, run.step, total_steps, metrics, run.rnd.samples, run.history)
+            if cfg.eval_steps and run.step % cfg.eval_steps == 0 and run.step < total_steps:
+                run_eval(f"step{run.step}", run.step)
+            saved_now = save() if should_save(cfg, run.step, steps_per_round * rounds_per_epoch, total_steps) else None
             if stop.requested:
-                raise stop.interrupted(step, saved_now or save(step))
+                raise stop.interrupted(run.step, saved_now or save())
             timers.restart()
         stop.restore()
-        run_eval("after", step)
+        run_eval("after", run.step)
     critic_dir = Path(cfg.output_dir) / "critic"
     critic.model.save_pretrained(critic_dir)
-    return {"global_step": step, "total_steps": total_steps, "history": history, "evals": evals,
-            "metrics_path": str(logger.metrics_path), "samples_path": str(logger.samples_path),
-            "tensorboard_dir": str(logger.tb_dir) if logger.tb_dir else None,
-            "last_checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir) or ""), "critic": str(critic_dir)}
+    return summary(cfg, logger, run.step, total_steps, run.history, run.evals) | {"critic": str(critic_dir)}
+
+
+def _step(ctx: RunContext, spec: LossSpec, critic: Critic, optimizer: Any, scheduler: Any, timers: Timers,
+          run: Progress, steps_per_round: int) -> tuple[dict[str, Any], dict[str, float]]:
+    """One policy step and one critic step on the same micro-batches; ``(update, critic timings)``."""
+    cfg = ctx.cfg
+    steps_per_pass, ga = steps_per_round // cfg.num_iterations, cfg.gradient_accumulation_steps
+    part = slice((run.round_step % steps_per_pass) * ga, (run.round_step % steps_per_pass + 1) * ga)
+    update = optimizer_step(ctx, run.rnd.micro_batches[part], spec, optimizer, scheduler, timers)
+    update.update(critic_step(cfg, critic, run.rnd.micro_batches[part], run.rnd.targets[part], ctx.autocast, timers))
+    critic_time = {f"time/{p}": timers.totals.get(p, 0.0) for p in ("value_forward", "critic_update")}
+    run.step, run.round_step = run.step + 1, run.round_step + 1
+    return update, critic_time
+
+
+def _restore(cfg: Any, resume: Any, model: Any, optimizer: Any, scheduler: Any, stream: PromptStream,
+             critic: Critic) -> tuple[Any, dict[str, Any]]:
+    """As the GRPO loop's ``restore`` (one process), plus the critic and its optimizer."""
+    saved = {"step": 0, "round": None, "round_step": 0, "history": [], "evals": {}, "skipped_steps": 0}
+    path = resume_path(cfg, resume)
+    if path is not None:
+        saved.update(ckpt.load_checkpoint(path, model, optimizer, scheduler))
+        stream.load_state(saved["data"])
+        critic.load_state_dict(_critic_state(saved, path))
+        ckpt.truncate_logs(cfg.output_dir, path, saved.get("log_bytes"))
+        ckpt.set_learning_rate(optimizer, scheduler, cfg.learning_rate)
+        ckpt.set_learning_rate(critic.optimizer, critic.scheduler, _CriticHP(cfg).learning_rate)
+    return path, saved
+
+
+def _save(ctx: RunContext, stream: PromptStream, optimizer: Any, scheduler: Any, critic: Critic, run: Progress,
+          guard: SkipGuard, steps_per_round: int) -> Any:
+    cfg = ctx.cfg
+    state = {"data": stream.state(), "round": run.rnd if run.round_step < steps_per_round else None,
+             "round_step": run.round_step, "history": run.history, "evals": run.evals, "skipped_steps": guard.total,
+             "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg), "critic": critic.state_dict()}
+    path = ckpt.save_checkpoint(cfg.output_dir, run.step, ctx.model, ctx.tokenizer, optimizer, scheduler, state,
+                                total_limit=cfg.save_total_limit)
+    reporting.refresh(cfg.output_dir, cfg.review_window)
+    return path
 
 
 def _critic_state(saved: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -34,7 +34,7 @@ import copy
 import os
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +42,11 @@ import torch
 
 from grouprl.errors import ConfigError, GroupRLError
 from grouprl.train.parallel import deepspeed, fsdp
+from grouprl.train.parallel.sharding import NoSharding
+from grouprl.train.parallel.sharding import (
+    check_config as check_config,  # re-exported: callers use ranks.check_config
+)
+from grouprl.train.parallel.shares import RankStream
 
 TIMEOUT_ENV = "GROUPRL_DIST_TIMEOUT"
 """Seconds any collective may wait for the other ranks (default 1800: rank 0 evaluating while the
@@ -51,35 +56,6 @@ DEFAULT_TIMEOUT_S = 1800
 
 class PeerFailure(GroupRLError, RuntimeError):
     """Another rank raised; this rank stops with that rank's error."""
-
-
-class NoSharding:
-    """Every rank holds the whole model (one process, or data parallel: gradients summed by
-    :meth:`Ranks.sum_gradients`). The strategies with the same methods: ``fsdp.FSDP2``, ``deepspeed.ZeRO``."""
-
-    sharded = False
-    engine = None
-
-    def shard(self, model: Any, reference: Any = None) -> bool:
-        return False
-
-    def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
-        return False
-
-    def full_weights(self, model: Any) -> Any:
-        return nullcontext()
-
-    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
-        return fn
-
-    def full_state_dict(self, model: Any) -> dict | None:
-        return None
-
-    def save_shards(self, output_dir: Any, step: int, model: Any, optimizer: Any) -> bool:
-        return False
-
-    def load_zero(self, folder: Any) -> None:
-        deepspeed.load_without_engine(folder)
 
 
 class Ranks:
@@ -339,57 +315,6 @@ class Ranks:
         elif ranks is not None or self.enabled:
             saved["round"] = None
             self.seed_rank(seed + int(saved.get("step", 0)))
-
-
-class RankStream:
-    """Rank ``r``'s contiguous slice of each global batch of a ``PromptStream``; the state is global."""
-
-    def __init__(self, stream: Any, rank: int, world: int) -> None:
-        self.stream, self.rank, self.world = stream, rank, world
-
-    def next(self) -> list[int]:
-        idx = self.stream.next()
-        share = len(idx) // self.world
-        return idx[self.rank * share:(self.rank + 1) * share]
-
-    @property
-    def epoch(self) -> int:
-        return self.stream.epoch
-
-    def state(self) -> dict[str, int]:
-        return self.stream.state()
-
-    def load_state(self, state: dict[str, int]) -> None:
-        self.stream.load_state(state)
-
-
-class NullLogger:
-    """The logger of ranks > 0: only rank 0 writes metrics, samples, TensorBoard and the progress bar."""
-
-    metrics_path = samples_path = tb_dir = None
-
-    def log(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    advance = log_samples = close = log
-
-
-def check_config(cfg: Any, world: int) -> None:
-    """What N processes cannot run, named before any model loads: the algorithm's declared process count
-    (``Supports.max_processes``, grouprl.config.algorithms), then the limits of FSDP and DeepSpeed
-    (``check_config`` in ``train.parallel.fsdp``, ``train.parallel.deepspeed``). Data parallel runs the rest
-    (dynamic sampling ``drop`` / ``resample``: ranks draw extra prompts in lock-step, ``algorithms.rounds``;
-    ``rollout_backend: vllm``: an engine per rank, or one server that rank 0 drives)."""
-    from grouprl.config.algorithms import supports_of
-
-    most = supports_of(cfg.algorithm).max_processes
-    if most is not None and world > most:
-        raise ConfigError(f"algorithm={cfg.algorithm!r} with {world} processes is not supported (its loop runs on "
-                          f"at most {most}). Fix: launch {most} process{'es' if most > 1 else ''}, or "
-                          f"algorithm=grpo / gspo / dpo, which run on several.")
-    for plugin in (fsdp, deepspeed):
-        if world > 1 and plugin.requested():
-            plugin.check_config(cfg, world)
 
 
 def _to_cpu(obj: Any) -> Any:
