@@ -341,3 +341,51 @@ def test_choosing_doc_preset_table_is_the_presets():
             p["dynamic_sampling"]), name
         assert scale == p.get("scale_rewards", "group") and mask == str(p["mask_truncated_completions"]).lower()
         assert p["kl_coef"] == 0.0
+
+
+# --- an algorithm plug-in: REINFORCE with a moving-average baseline (examples/extending/my_algorithm.py) ----
+
+
+@pytest.fixture
+def reinforce():
+    """The plug-in imported (it registers the loop and declares what it supports), removed afterwards."""
+    from grouprl.config.algorithms import SUPPORTS
+    from grouprl.registry import ALGORITHMS
+
+    import extending.my_algorithm as module
+
+    yield module
+    ALGORITHMS._fns.pop("reinforce", None)
+    SUPPORTS.pop("reinforce", None)
+
+
+def test_reinforce_plugin_trains_through_the_trainer(reinforce, tiny_model_dir, tmp_path):
+    from grouprl import GRPOConfig, GRPOTrainer
+    from grouprl.train.algorithms import algorithm_for
+
+    cfg = GRPOConfig(algorithm="reinforce", num_generations=1, per_device_train_batch_size=4, max_steps=4,
+                     max_new_tokens=8, max_prompt_length=64, learning_rate=1e-3, output_dir=str(tmp_path / "out"),
+                     save_strategy="no", eval_split=None, progress_bar=False, seed=0)
+    assert algorithm_for(cfg).train is reinforce.train  # the trainer dispatches through ALGORITHMS
+    result = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=ROWS,
+                         reward_funcs=lambda completions, **kw: [len(c) % 3 / 2 for c in completions]).train()
+    lines = [r for r in map(__import__("json").loads, (tmp_path / "out" / "metrics.jsonl").read_text().splitlines())
+             if "reward" in r]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4] and result["global_step"] == 4
+    baseline = 0.0  # b_1 = 0; b_{t+1} = 0.9 b_t + 0.1 mean r_t, as logged before each step's update
+    for r in lines:
+        assert r["baseline"] == pytest.approx(baseline, abs=1e-12)
+        assert math.isfinite(r["loss/policy"]) and 0.0 <= r["reward"] <= 1.0
+        baseline = 0.9 * baseline + 0.1 * r["reward"]
+    assert (tmp_path / "out" / "final" / "config.json").is_file()
+
+
+def test_reinforce_declaration_is_what_the_checks_read(reinforce):
+    from grouprl import GRPOConfig
+    from grouprl.train.parallel.ranks import check_config
+
+    GRPOConfig(algorithm="reinforce", num_generations=1, per_device_train_batch_size=4)  # groups=False: G = 1
+    with pytest.raises(ConfigError, match="algorithm='reinforce' with 2 processes is not supported"):
+        check_config(GRPOConfig(algorithm="reinforce", num_generations=1, per_device_train_batch_size=4), 2)
+    with pytest.raises(ConfigError, match="not a known preset"):
+        GRPOConfig(algorithm="reinforce_typo", num_generations=2, per_device_train_batch_size=4)

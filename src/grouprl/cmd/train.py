@@ -24,7 +24,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from grouprl.config import GRPOConfig
-    from grouprl.sandbox.config import configure_for_run
+    from grouprl.run.checks import check_config_once
 
     if args.help_config:
         defaults = GRPOConfig.field_defaults()
@@ -32,11 +32,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name} (default: {defaults[name]}):\n    {doc}")
         return 0
     cfg = GRPOConfig.from_yaml(args.config, args.overrides)
-    cfg.check_names()
-    cfg.check_reward_kwargs()
-    configure_for_run(cfg)
+    check_config_once(cfg)  # names, kwargs, sandbox level: the trainer does not repeat them
     from grouprl.run.lock import check_free, run_lock
-    from grouprl.run.output_dir import preflight
+    from grouprl.run.output_dir import check_run_folder
     from grouprl.train.algorithms import algorithm_for
 
     algorithm = algorithm_for(cfg)  # the registered loop the config's algorithm declares (ALGORITHMS)
@@ -46,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return launch(args, cfg)
     if args.dry_run:
         check_free(cfg.output_dir)  # another run holds output_dir
-        resume, _ = preflight(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
+        resume, _ = check_run_folder(cfg, args.resume)  # resume or fresh, earlier run's files, config changes
         import yaml
 
         from grouprl.run.checks import dry_run
@@ -69,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         from grouprl.train import GRPOTrainer
 
         with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
-            resume, _ = ranks.on_main(preflight, cfg, args.resume)
+            resume, _ = ranks.on_main(check_run_folder, cfg, args.resume)
             GRPOTrainer(config=cfg).train(resume_from_checkpoint=resume)  # checks the world size once
     except RunInterrupted as e:  # Ctrl-C / SIGTERM: a checkpoint was saved (GRPO and DPO alike)
         again = " ".join(["grouprl train", *(["-c", args.config] if args.config else []), *args.overrides])

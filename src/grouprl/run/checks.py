@@ -89,7 +89,22 @@ def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
     return filled
 
 
-def preflight(cfg: Any) -> None:
+def check_config_once(cfg: Any, reward_funcs: Any = None) -> None:
+    """The config checks of the one start-up path (``grouprl train`` and ``GRPOTrainer`` alike): registry
+    names and their kwargs, ``reward_kwargs``, the sandbox isolation this machine can give. Each runs once:
+    a second call with the same config and rewards does nothing (the CLI checks before it builds the trainer)."""
+    from grouprl.sandbox.config import configure_for_run
+
+    key = repr((cfg.to_dict(), reward_funcs))
+    if cfg.__dict__.get("_checked") == key:
+        return
+    cfg.check_names()  # registry names and kwargs: fail before any model loads
+    cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
+    configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
+    cfg.__dict__["_checked"] = key
+
+
+def check_paths(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
     folder is checked after the data, by ``grouprl.models.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
@@ -102,7 +117,7 @@ def preflight(cfg: Any) -> None:
 
 
 def dry_run(cfg: Any, resume: Any = None) -> list[str]:
-    """Every check ``grouprl train`` makes before loading weights, for ``--dry-run``: :func:`preflight`, the
+    """Every check ``grouprl train`` makes before loading weights, for ``--dry-run``: :func:`check_paths`, the
     reward functions (plug-ins are imported), local data (each line of a .jsonl file, every prompt row; a hub
     dataset is not downloaded), the model folder and, when the model is a local folder, a resume's
     architecture. Returns the notes a real run would print."""
@@ -110,7 +125,7 @@ def dry_run(cfg: Any, resume: Any = None) -> list[str]:
     from grouprl.rewards import make_reward_func
 
     apply_task_defaults(cfg)
-    preflight(cfg)
+    check_paths(cfg)
     for item in [*cfg.reward_funcs, cfg.eval_reward]:  # plug-ins import here (as train.score resolves them)
         make_reward_func(item, **(dict(cfg.reward_kwargs.get(item, {})) if isinstance(item, str) else {}))
     notes = []

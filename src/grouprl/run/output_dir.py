@@ -13,7 +13,7 @@ run's checkpoints while keeping the old, higher-numbered ones. So, as in HF's ``
 * otherwise the earlier run's artefacts listed above are removed (only those names; the directory itself and
   any other file in it are left alone), so nothing of the old run mixes with the new one.
 
-Whether a run resumes is decided here too, before any model loads (:func:`decide_resume`, :func:`preflight`):
+Whether a run resumes is decided here too, before any model loads (:func:`decide_resume`, :func:`check_run_folder`):
 ``resume_from_checkpoint: auto`` (the recipes' setting) resumes an unfinished run and starts afresh after a
 finished one; ``--resume`` with no complete checkpoint yet starts a fresh run, saying so; a resume whose
 config changed is checked by ``grouprl.run.resume_config``. :func:`start_run` does all of it for the
@@ -192,7 +192,7 @@ def resume_checkpoint(cfg: Any, resume: Any) -> Path | None:
     return Path(resume)
 
 
-def preflight(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
+def check_run_folder(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
     """Everything about the output folder that can be decided before a model loads (reads only): what to
     resume (printing what was decided), whether a fresh run may use the folder, and whether the config may
     change this way on resume. Returns (the resume value to run with, the safe config changes)."""
@@ -207,12 +207,12 @@ def preflight(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
 
 
 def start_run(cfg: Any, resume: Any = None) -> Any:
-    """:func:`preflight`, then clear an earlier run's files (fresh run), write the config in effect to
+    """:func:`check_run_folder`, then clear an earlier run's files (fresh run), write the config in effect to
     ``config.yaml`` and record resume-time changes in ``config_changes.jsonl``. Call with the run lock held
     (``grouprl.run.lock``). Returns the resume value for ``loop.train``."""
     from grouprl.run.resume_config import record_changes
 
-    resume, changes = preflight(cfg, resume)
+    resume, changes = check_run_folder(cfg, resume)
     removed = prepare_output_dir(cfg, resume)  # refuses to mix with an earlier run
     if removed:
         names = sorted({p.name for p in removed})

@@ -81,10 +81,16 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
             if agent is not None:
                 sample.update(trajectory_record(out.trajectories[0], tokenizer))
             samples.append(sample)
+    return _result(values, per_prompt_correct, lengths, samples, len(rows), ks, num_samples, trajectories)
+
+
+def _result(values: list[float], per_prompt_correct: list, lengths: list[int], samples: list[dict], num_rows: int,
+            ks: tuple[int, ...], num_samples: int, trajectories: list) -> dict[str, Any]:
+    """Accuracy, pass@k, mean completion length, counts, a few samples (and tool use, for an agent)."""
     result: dict[str, Any] = {
         "accuracy": sum(values) / len(values) if values else float("nan"),
         "num_scored": len(values),
-        "num_prompts": len(rows),
+        "num_prompts": num_rows,
         "completion_length": sum(lengths) / len(lengths) if lengths else 0.0,
         "samples": samples,
     }

@@ -47,54 +47,17 @@ class GRPOTrainer:
             raise ConfigError(f"algorithm: {cfg.algorithm} trains with its own loop, which loads its own data and "
                               f"model: run `grouprl train -c recipe.yaml`, or call "
                               f"grouprl.train.algorithms.algorithm_for(config).run(config).")
-        from grouprl.run.checks import apply_task_defaults
-
-        apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told otherwise
-        cfg.validate()
-        cfg.check_names()  # registry names and kwargs: fail before any model loads
-        cfg.check_reward_kwargs(reward_funcs if reward_funcs is not None else cfg.reward_funcs)
-        from grouprl.sandbox.config import configure_for_run
-
-        configure_for_run(cfg)  # an isolation level this machine cannot give fails here, not mid-run
-        from grouprl.run import checks as startup
-
-        startup.preflight(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
+        source = self._check(cfg, model, reward_funcs)
         from grouprl.models import check_model_source, load_model, pick_device
-        from grouprl.train.engine.model import apply_peft, apply_torch_threads
-
-        apply_torch_threads(cfg)  # before the model loads: same seed + same threads -> same run
-        source = model if model is not None else cfg.model
-        if source is None:
-            raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
+        from grouprl.run import checks as startup
+        from grouprl.train.engine.model import apply_peft
         from grouprl.train.parallel import ranks as dist
-        from grouprl.train.score import resolve_reward_funcs
 
-        dist.check_config(cfg, dist.current().world)  # what N processes cannot run (the algorithm's declaration)
         self.device = dist.current().device(pick_device(cfg.device))  # cuda:<local_rank> under accelerate
-        self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
-        self.reward_funcs = resolve_reward_funcs(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
-                                                 cfg.reward_kwargs)
-        if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
-            raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
-                              f"reward functions were given: one weight per function.")
-        from grouprl.train.agent import build_agent
-
-        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
-        self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
-        self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
-        from grouprl.run.reward_signal import warn_missing_reward_columns
-
-        warn_missing_reward_columns(reward_funcs if reward_funcs is not None else cfg.reward_funcs,
-                                    self.train_dataset)  # no `answer` for accuracy: said before the model loads
-        self.eval_reward_func = eval_reward_func
-        note = startup.eval_split_note(cfg, eval_dataset is not None, self.eval_dataset)
-        if note:
-            print(note)
+        self._load_rewards_and_data(cfg, reward_funcs, train_dataset, eval_dataset, eval_reward_func, tools,
+                                    environment_factory)
         self._used = dict(model=source, train_dataset=train_dataset if train_dataset is not None else cfg.dataset,
                           reward_funcs=reward_funcs if reward_funcs is not None else cfg.reward_funcs)
-        if self.eval_dataset is not None and eval_reward_func is None:
-            self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
-
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
         self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
@@ -109,6 +72,49 @@ class GRPOTrainer:
         transformers.set_seed(cfg.seed)
         self.model = apply_peft(load_model(source, self.device), cfg, peft_config)
         self.result: dict[str, Any] | None = None
+
+    @staticmethod
+    def _check(cfg: GRPOConfig, model: Any, reward_funcs: Any) -> Any:
+        """The start-up checks before data and weights (docs/DESIGN.md, "One start-up path"); returns the
+        model source."""
+        from grouprl.run import checks as startup
+        from grouprl.train.engine.model import apply_torch_threads
+        from grouprl.train.parallel import ranks as dist
+
+        startup.apply_task_defaults(cfg, reward_funcs)  # builtin:countdown trains on its own reward unless told
+        cfg.validate()
+        startup.check_config_once(cfg, reward_funcs)  # names, kwargs, sandbox level (done once per config)
+        startup.check_paths(cfg)  # output_dir, dataset_kwargs, resume folder: before data and weights
+        apply_torch_threads(cfg)  # before the model loads: same seed + same threads -> same run
+        source = model if model is not None else cfg.model
+        if source is None:
+            raise ConfigError("no model: pass model=... to GRPOTrainer or set `model` in the config.")
+        dist.check_config(cfg, dist.current().world)  # what N processes cannot run (the algorithm's declaration)
+        return source
+
+    def _load_rewards_and_data(self, cfg: GRPOConfig, reward_funcs: Any, train_dataset: Any, eval_dataset: Any,
+                               eval_reward_func: Any, tools: Any, environment_factory: Any) -> None:
+        """Reward functions, the agent (tools / environment), the train and eval splits: before the model."""
+        from grouprl.run import checks as startup
+        from grouprl.run.reward_signal import warn_missing_reward_columns
+        from grouprl.train.agent import build_agent
+        from grouprl.train.score import resolve_reward_funcs
+
+        self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
+        self.reward_funcs = resolve_reward_funcs(self._reward_specs, cfg.reward_kwargs)
+        if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
+            raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
+                              f"reward functions were given: one weight per function.")
+        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
+        self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
+        self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
+        warn_missing_reward_columns(self._reward_specs, self.train_dataset)  # no `answer` for accuracy: said now
+        self.eval_reward_func = eval_reward_func
+        note = startup.eval_split_note(cfg, eval_dataset is not None, self.eval_dataset)
+        if note:
+            print(note)
+        if self.eval_dataset is not None and eval_reward_func is None:
+            self.eval_reward_func = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
 
     def _load_split(self, given: Any, split: str | None, limit: int | None, *, required: bool):
         cfg = self.config

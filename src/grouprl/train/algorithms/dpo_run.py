@@ -26,18 +26,18 @@ def run_dpo(cfg: Any, resume: Any = None) -> dict[str, Any]:
     from contextlib import nullcontext
 
     from grouprl.run.lock import run_lock
-    from grouprl.run.output_dir import preflight
+    from grouprl.run.output_dir import check_run_folder
     from grouprl.train.parallel import ranks as dist
 
     ranks = dist.current()
     with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # from before the model loads to the end
-        dpo_preflight(cfg)
-        resume, _ = ranks.on_main(preflight, cfg, resume)  # resume or fresh, an earlier run's files, config changes
+        check_dpo_paths(cfg)
+        resume, _ = ranks.on_main(check_run_folder, cfg, resume)  # resume or fresh, an earlier run's files, config changes
         return _run_locked(cfg, resume)
 
 
-def dpo_preflight(cfg: Any) -> None:
-    """The checks of ``grouprl.run.checks.preflight`` for a DPO run: output_dir writable, dataset_kwargs
+def check_dpo_paths(cfg: Any) -> None:
+    """The checks of ``grouprl.run.checks.check_paths`` for a DPO run: output_dir writable, dataset_kwargs
     (for builtin:arithmetic_prefs: the builder's keys and the arithmetic task's own)."""
     from grouprl.data.prefs import BUILD_KEYS, is_builtin_prefs, split_kwargs
     from grouprl.errors import ConfigError, did_you_mean
@@ -80,11 +80,11 @@ def load_pairs(cfg: Any) -> tuple[Any, Any]:
 
 def dry_run_dpo(cfg: Any, resume: Any = None) -> list[str]:
     """``grouprl train --dry-run`` for ``algorithm: dpo``: every check made before the model loads (the
-    output folder and ``resume`` are checked by the caller, ``grouprl.run.output_dir.preflight``)."""
+    output folder and ``resume`` are checked by the caller, ``grouprl.run.output_dir.check_run_folder``)."""
     from grouprl.run import checks as startup
     from grouprl.train.score import resolve_reward_funcs
 
-    dpo_preflight(cfg)
+    check_dpo_paths(cfg)
     resolve_reward_funcs(list(cfg.reward_funcs) + [cfg.eval_reward], cfg.reward_kwargs)
     _, evals = load_pairs(cfg)
     if isinstance(cfg.model, str):
