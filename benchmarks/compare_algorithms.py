@@ -16,7 +16,7 @@ Reported per algorithm (mean over ``--seeds``): held-out accuracy before / after
 held-out prompts), training seconds per update (the trainer's ``time/step``, evaluation excluded), the
 sample budget (completions generated, or preference pairs read), and memory. Memory is measured, not
 computed: bytes of parameters of each model the run holds (policy = the first optimizer to step, reference = the
-frozen copy ``train.model.Reference`` makes, critic = the parameters of a second optimizer), bytes of gradients (summed
+frozen copy ``train.engine.model.Reference`` makes, critic = the parameters of a second optimizer), bytes of gradients (summed
 over ``p.grad`` just before each optimizer step) and of optimizer states (summed over ``optimizer.state``
 just after), and the process's peak RSS (``ru_maxrss``) and its rise over the RSS after the imports,
 each also as a multiple of the policy's parameter bytes.

@@ -349,10 +349,10 @@ def test_choosing_doc_preset_table_is_the_presets():
 @pytest.fixture
 def reinforce():
     """The plug-in imported (it registers the loop and declares what it supports), removed afterwards."""
+    import extending.my_algorithm as module
+
     from grouprl.config.algorithms import SUPPORTS
     from grouprl.registry import ALGORITHMS
-
-    import extending.my_algorithm as module
 
     yield module
     ALGORITHMS._fns.pop("reinforce", None)

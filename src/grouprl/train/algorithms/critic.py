@@ -7,7 +7,7 @@ value starts at 0: no arbitrary baseline before the critic has seen a return); a
 backbone (a new head, zero-initialised) or a critic saved by an earlier run (its head kept).
 
 Alignment: V_t, the value of the state before completion token t is sampled, is read at the hidden state
-of position t - 1 -- the same position whose logits give log pi(y_t) (``train.step.completion_logps``).
+of position t - 1 -- the same position whose logits give log pi(y_t) (``train.engine.logp.completion_logps``).
 """
 
 from __future__ import annotations

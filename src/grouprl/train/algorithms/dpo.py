@@ -16,7 +16,7 @@ reward (arXiv:2305.18290, Sec. 5); ``rewards/margins`` = their difference; ``rew
 fraction of pairs whose chosen reward is higher; ``logps/chosen``, ``logps/rejected``; ``loss``.
 Log-probs are those of the model itself (temperature 1), in fp32. Text completions get the tokenizer's EOS
 appended (the model must learn to stop); chat completions end as the chat template ends them.
-Several processes (``accelerate launch``, ``train.dist``): the pair order is global and each rank takes its
+Several processes (``accelerate launch``, ``train.parallel.ranks``): the pair order is global and each rank takes its
 contiguous share of every global batch of ``per_device_train_batch_size x gradient_accumulation_steps x N``
 pairs; each loss is normalised by the pairs of the whole global step, so the gradients are SUMMED over ranks
 (``Ranks.sum_gradients``) and every rank takes the same step, exactly one process on the global batch. The

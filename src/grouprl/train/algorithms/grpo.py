@@ -11,9 +11,9 @@
             for each micro-batch:  aggregate(policy_loss(logp, old_logp, adv) + beta * KL)  / step totals
             clip, AdamW step, schedule step; log; evaluate; checkpoint
 
-Round assembly and dynamic sampling live in ``train.round``, the optimizer step in ``train.step``, metrics
+Round assembly and dynamic sampling live in ``train.algorithms.rounds``, the optimizer step in ``train.engine.step``, metrics
 in ``train.metrics``. The loop never branches on an algorithm name: the config names registered functions.
-Processes: ``accelerate launch`` runs one copy per rank; ``train.dist`` (the only place ranks exist) shares
+Processes: ``accelerate launch`` runs one copy per rank; ``train.parallel.ranks`` (the only place ranks exist) shares
 out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0.
 The transformers backend generates with the training weights themselves; an engine with its own copy (vLLM)
 gets ``sync_weights`` once per generation round, before it generates (and before each evaluation), not

@@ -1,7 +1,7 @@
 """PPO with a critic (Schulman et al. 2017, arXiv:1707.06347) on the GRPO loop's sampler, rewards and logs.
 
     for each generation round:
-        completions = G samples per prompt (G = 1 is fine)    (train.round.sample_and_score)
+        completions = G samples per prompt (G = 1 is fine)    (algorithms.rounds.sample_and_score)
         rewards     = reward functions                         [B, G] -> one number per completion
         V           = critic(completions)                      [N, T]   (train.critic; value at rollout)
         r_t         = -kl_coef * KL_t (kl_mode=reward) + the sequence reward at its last token
@@ -9,7 +9,7 @@
         A, R        = GAE(r, V; gamma, lam)                    [N, T]   (arXiv:1506.02438, Eq. 16), A whitened
         for each of mu passes, for each optimizer step of the round:
             policy: aggregate(policy_loss(logp, old_logp, A [N, T], mask)) (+ kl_coef * KL, kl_mode=loss)
-                    -- the same registered loss and optimizer step as GRPO (train.step.optimizer_step)
+                    -- the same registered loss and optimizer step as GRPO (train.engine.step.optimizer_step)
             critic: vf_coef * token-mean of the clipped value loss (algo.losses.ppo_value_loss), its own
                     AdamW, clip and schedule
         log, evaluate, checkpoint (the critic, its optimizer and schedule inside trainer_state.pt)
@@ -17,7 +17,7 @@
 What differs from GRPO is only where the advantage comes from: a learned value per token instead of the
 group's mean, so one completion per prompt is enough. Everything else -- micro-batches, reference and old
 log-probs, the policy loss and its aggregation, skipping non-finite steps, metrics, evaluation, exact resume
--- is the GRPO loop's own code (``train.round``, ``train.step``, ``train.loop``).
+-- is the GRPO loop's own code (``train.algorithms.rounds``, ``train.engine.step``, ``train.algorithms.grpo``).
 Simplifications: the critic is a separate model (no shared backbone), updated on the same micro-batches as
 the policy; no adaptive KL controller (kl_coef is fixed); no reward whitening.
 """

@@ -5,7 +5,7 @@ Dynamic sampling follows DAPO (arXiv:2503.14476, Sec. 3.2): groups whose rewards
 learning signal under a group-relative advantage; ``drop`` removes them, ``resample`` draws more prompts
 until the batch holds B informative groups (or ``max_resample_rounds`` runs out).
 
-On N processes (``train.dist``) every rank fills its own B groups and the ranks stay in lock-step: while
+On N processes (``train.parallel.ranks``) every rank fills its own B groups and the ranks stay in lock-step: while
 ANY rank is short, EVERY rank draws the next global batch of the prompt stream (so the data position is
 the same everywhere and stays global in checkpoints); a rank that is already full skips generating for
 its share (unless one engine serves every rank), as one process discards the informative groups beyond

@@ -75,7 +75,7 @@ class Reference:
     """pi_ref for the KL term. With PEFT it is the same weights with the adapter disabled (no copy).
 
     For full fine-tuning it is a frozen copy stored in ``dtype`` (``ref_dtype``: a bf16 copy takes half the
-    memory of an fp32 one); its log-probs are returned in fp32 whatever the dtype (``train.step``).
+    memory of an fp32 one); its log-probs are returned in fp32 whatever the dtype (``train.engine.step``).
     """
 
     def __init__(self, model: Any, dtype: str = "float32", *, bf16: bool = False) -> None:

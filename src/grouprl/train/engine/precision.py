@@ -2,7 +2,7 @@
 
 bf16 mixed precision (Micikevicius et al., arXiv 1710.03740; bf16: Kalamkar et al., arXiv 1905.12322) keeps
 fp32 master weights, optimizer state and gradients, runs the matmuls in bf16 under ``torch.autocast``,
-and keeps the log-softmax, log-probs, advantages and loss in fp32 (``train.step`` / ``algo.lmhead``).
+and keeps the log-softmax, log-probs, advantages and loss in fp32 (``train.engine.step`` / ``algo.lmhead``).
 
 Where it runs:
 

@@ -20,7 +20,7 @@ micro-batch with weight 0 (zero gradient). The last backward is the accumulation
 engine's ZeRO optimizer clips by the global norm (``gradient_clipping``) and steps grouprl's optimizer
 (AdamW of ``build_optimizer``, on the ZeRO partitions), and grouprl's schedule steps unless the step was
 skipped. A non-finite loss on any rank makes the boundary backward NaN, so ZeRO's overflow check skips
-the step exactly as ``train.step.optimizer_step`` does (no optimizer or schedule move). The micro-batch
+the step exactly as ``train.engine.step.optimizer_step`` does (no optimizer or schedule move). The micro-batch
 forwards go through the engine (its backward hooks need it), so the chunked LM-head log-softmax is not
 used; grouprl's bf16 autocast is kept inside it through DeepSpeed's ``torch_autocast`` (fp32 reductions).
 

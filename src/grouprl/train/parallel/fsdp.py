@@ -28,7 +28,7 @@ number of ranks -- one process without FSDP too -- can load; a checkpoint saved 
 the shards too (:func:`load_full`). ``final/`` is a plain ``save_pretrained`` folder of the full state dict
 gathered on rank 0 (:func:`gather_state_dict`).
 
-The loop reaches all of this through ``train.dist.Ranks``, whose FSDP methods are :class:`Sharding`'s.
+The loop reaches all of this through ``train.parallel.ranks.Ranks``, which holds an :class:`FSDP2` as its ``sharding`` when FSDP is configured.
 """
 
 from __future__ import annotations
