@@ -1,10 +1,11 @@
-"""Import layering, checked by parsing the source with ast (DESIGN.md: imports flow one way).
+"""Import layering, checked by parsing the source with ast (docs/DESIGN.md, "The one-way arrow").
 
-Imports flow ``cli -> cmd -> train -> rollout | envs | data | rewards | sandbox | report -> algo -> registry
--> errors``. ``config`` validates names against the registries, so it sits above ``builtins`` (which imports
-the built-in algo and rewards so that their registrations happen) and below ``train``: nothing under
-``train`` reads a config object, it is handed plain values. The demo package ``grouprl.builtin`` (tiny
-models, warm starts) is reached only by name, from the model loader.
+Imports flow ``cli -> cmd -> serve | train -> run | rollout | envs | data | rewards | sandbox | report |
+models -> algo -> registry -> errors``, and no two files import each other, directly or round a circle
+(:func:`test_no_import_cycle_between_files`, lazy imports included). ``config`` validates names against the registries, so it sits above ``builtins`` (which imports
+the built-in algo and rewards so that their registrations happen) and below ``train`` and ``run``. The demo
+package ``grouprl.builtin`` (tiny models, warm starts) is reached only by name, from the model loader
+(``grouprl.models``), which ``train``, ``serve`` and ``cmd`` share.
 
 :data:`ALLOWED` lists, for every unit (a subpackage or top-level module of ``grouprl``), the units it may
 import. An edge is any of: ``import`` / ``from ... import`` (also inside functions, also relative),

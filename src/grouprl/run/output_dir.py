@@ -195,14 +195,21 @@ def resume_checkpoint(cfg: Any, resume: Any) -> Path | None:
 def check_run_folder(cfg: Any, resume: Any = None) -> tuple[Any, dict[str, list]]:
     """Everything about the output folder that can be decided before a model loads (reads only): what to
     resume (printing what was decided), whether a fresh run may use the folder, and whether the config may
-    change this way on resume. Returns (the resume value to run with, the safe config changes)."""
+    change this way on resume. Returns (the resume value to run with, the safe config changes). Decided
+    once: called again with that decision and the same config (``grouprl train``, then the trainer's
+    :func:`start_run`) it returns the same answer without checking again."""
     from grouprl.run.resume_config import check_resume_config
 
+    key = repr((cfg.to_dict(), earlier_run(cfg.output_dir)))  # the same config and the same folder contents
+    done = cfg.__dict__.get("_run_folder")
+    if done is not None and done[0] == key and done[1] == resume:
+        return done[1], done[2]
     resume, note = decide_resume(cfg, resume)
     if note:
         print(note, flush=True)
     check_output_dir(cfg, resume)
     changes = check_resume_config(cfg, resume_checkpoint(cfg, resume))
+    cfg.__dict__["_run_folder"] = (key, resume, changes)
     return resume, changes
 
 

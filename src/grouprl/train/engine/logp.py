@@ -169,7 +169,7 @@ def _chunked_head(head, hidden, completion_ids, completion_mask, temperature, ch
     return logp, torch.zeros(shape, dtype=ent.dtype, device=ent.device).masked_scatter(_pad_right(real, T), ent)
 
 
-def batched_logps(model: Any, rows: list[Any], temperature: float, ctx: Any, *,
+def batched_logps(model: Any, rows: list[Any], temperature: float, autocast: Any, *,
                   chunk_size: int = DEFAULT_LOGITS_CHUNK, padding_free: bool | str = False) -> list[torch.Tensor]:
     """log-probs of each micro-batch without gradient (reference or old policy), with dropout off; padding
     trimmed, the LM head chunked and the sequences packed as in :func:`completion_logps` (``chunk_size``,
@@ -180,19 +180,19 @@ def batched_logps(model: Any, rows: list[Any], temperature: float, ctx: Any, *,
     was_training = model.training
     model.eval()
     try:
-        return _logps(model, rows, temperature, ctx, chunk_size, padding_free)
+        return _logps(model, rows, temperature, autocast, chunk_size, padding_free)
     finally:
         model.train(was_training)
 
 
-def _logps(model: Any, rows: list[Any], temperature: float, ctx: Any, chunk_size: int,
+def _logps(model: Any, rows: list[Any], temperature: float, autocast: Any, chunk_size: int,
            padding_free: bool | str = False) -> list[torch.Tensor]:
     out = []
     for mb in rows:
         if mb.prompt_ids.shape[0] == 0:  # a micro-batch emptied by dropped groups
             out.append(torch.zeros(mb.completion_ids.shape, dtype=torch.float32, device=mb.completion_ids.device))
             continue
-        with ctx():
+        with autocast():
             logp, _ = completion_logps(model, mb.prompt_ids, mb.prompt_mask, mb.completion_ids,
                                        mb.completion_mask, temperature, chunk_size=chunk_size,
                                        padding_free=padding_free)
