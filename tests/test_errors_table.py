@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import grouprl.train.engine.model as model_mod
+import grouprl.models as model_loader
 from grouprl.cli import main
 
 
@@ -81,7 +81,7 @@ def files(tmp_path, monkeypatch, warm):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the start-up checks failed")
 
-    monkeypatch.setattr(model_mod, "load_model", refuse)
+    monkeypatch.setattr(model_loader, "load_model", refuse)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("x")
     (tmp_path / "readonly").mkdir(mode=0o555)

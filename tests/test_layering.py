@@ -220,7 +220,7 @@ def _violations(source: str, relpath: str, *, tolerate: bool = True) -> list[str
             continue
         how = "imports" if e.kind == "import" else f"names ({e.kind})"
         out.append(f"{where}: {unit} {how} {e.name!r}, but {unit} may import only "
-                   f"{sorted(ALLOWED[unit]) or 'nothing'} (DESIGN.md; table ALLOWED in tests/test_layering.py)")
+                   f"{sorted(ALLOWED[unit]) or 'nothing'} (docs/DESIGN.md; table ALLOWED in tests/test_layering.py)")
     return out
 
 

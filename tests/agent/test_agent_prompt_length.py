@@ -7,7 +7,7 @@ import pytest
 from agent_helpers import add
 from datasets import Dataset
 
-import grouprl.train.engine.model as model_mod
+import grouprl.models as model_loader
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.errors import DataError
 from grouprl.rollout.chat import prompt_ids
@@ -29,7 +29,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the check under test")
 
-    monkeypatch.setattr(model_mod, "load_model", refuse)
+    monkeypatch.setattr(model_loader, "load_model", refuse)
 
 
 @pytest.mark.parametrize("truncation", ["left", "error"])

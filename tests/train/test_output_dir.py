@@ -10,7 +10,7 @@ import pytest
 import torch
 from train_helpers import TRAIN_ROWS, char_reward, train_records
 
-import grouprl.train.engine.model as model_mod
+import grouprl.models as model_loader
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.cli import main
 from grouprl.errors import ConfigError
@@ -27,7 +27,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the output_dir check")
 
-    monkeypatch.setattr(model_mod, "load_model", refuse)
+    monkeypatch.setattr(model_loader, "load_model", refuse)
 
 
 def _earlier_run(root: Path, steps=(2, 10), final=True) -> None:
@@ -127,7 +127,7 @@ def test_torch_num_threads_is_applied_before_the_model_loads(monkeypatch, tiny_m
         seen.append(torch.get_num_threads())
         raise Loaded
 
-    monkeypatch.setattr(model_mod, "load_model", record)
+    monkeypatch.setattr(model_loader, "load_model", record)
     before = torch.get_num_threads()
     target = 2 if before == 1 else 1
     try:
@@ -152,7 +152,7 @@ def test_eval_threads_are_applied_too(monkeypatch, tiny_model_dir, tmp_path):
         seen.append(torch.get_num_threads())
         raise Loaded
 
-    monkeypatch.setattr(model_mod, "load_model", record)
+    monkeypatch.setattr(model_loader, "load_model", record)
     before = torch.get_num_threads()
     target = 2 if before == 1 else 1
     cfg = GRPOConfig(dataset=str(_data(tmp_path)), eval_split="test", reward_funcs=["exact"], eval_reward="exact",

@@ -154,7 +154,7 @@ def test_a_save_killed_midway_leaves_no_checkpoint_and_resume_takes_the_previous
     def killed(*args, **kwargs):  # the weights are on disk, the trainer state is not: the process dies here
         raise KeyboardInterrupt("killed while writing trainer_state.pt")
 
-    monkeypatch.setattr(ckpt.torch, "save", killed)
+    monkeypatch.setattr(ckpt.store.torch, "save", killed)  # the writer module (train/checkpoint/store.py)
     with pytest.raises(KeyboardInterrupt):
         ckpt.save_checkpoint(tmp_path, 2, model, None, opt, sched, state)
     monkeypatch.undo()
@@ -235,7 +235,7 @@ def test_resume_puts_the_saved_round_on_the_models_device(tiny_model_dir, train_
     trainer.train()
     seen = []
     real = ckpt.to_device
-    monkeypatch.setattr(ckpt, "to_device", lambda obj, device: seen.append(device) or real(obj, device))
+    monkeypatch.setattr(ckpt.store, "to_device", lambda obj, device: seen.append(device) or real(obj, device))
     optimizer, scheduler = build_optimizer(trainer.model, cfg, 4)
     state = ckpt.load_checkpoint(tmp_path / "dev" / "checkpoint-1", trainer.model, optimizer, scheduler)
     device = next(trainer.model.parameters()).device

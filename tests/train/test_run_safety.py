@@ -16,6 +16,7 @@ import pytest
 import torch
 from train_helpers import TRAIN_ROWS, char_reward, read_metrics, train_records
 
+import grouprl.models as model_loader
 import grouprl.train.engine.model as model_mod
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.cli import main
@@ -32,7 +33,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the check under test")
 
-    monkeypatch.setattr(model_mod, "load_model", refuse)
+    monkeypatch.setattr(model_loader, "load_model", refuse)
 
 
 def _env():

@@ -8,9 +8,9 @@ import sys
 import pytest
 from train_helpers import TRAIN_ROWS
 
+import grouprl.models as model_loader
 import grouprl.sandbox.capabilities as capabilities
 import grouprl.sandbox.config as sandbox_config
-import grouprl.train.engine.model as model_mod
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.cli import main
 from grouprl.errors import ConfigError
@@ -23,7 +23,7 @@ def no_model_load(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the start-up checks failed")
 
-    monkeypatch.setattr(model_mod, "load_model", refuse)
+    monkeypatch.setattr(model_loader, "load_model", refuse)
     monkeypatch.setattr(sandbox_config, "_CURRENT", sandbox_config._CURRENT)  # restored after the test
 
 

@@ -75,11 +75,11 @@ def test_missing_vllm_names_the_extra(tiny_model_dir, monkeypatch):
 
 
 def test_missing_vllm_fails_at_start_up_before_the_model_loads(tiny_model_dir, monkeypatch, tmp_path):
-    import grouprl.train.engine.model as model_mod
+    import grouprl.models as model_loader
     from grouprl import GRPOConfig, GRPOTrainer
 
     monkeypatch.setitem(sys.modules, "vllm", None)
-    monkeypatch.setattr(model_mod, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    monkeypatch.setattr(model_loader, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
     cfg = GRPOConfig(output_dir=str(tmp_path), rollout_backend="vllm", eval_split=None)
     with pytest.raises(ConfigError, match=r"needs the vllm package.*pip install 'grouprl\[vllm\]'"):
         GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=[{"prompt": "a", "answer": "1"}] * 8)

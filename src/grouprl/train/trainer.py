@@ -149,7 +149,7 @@ class GRPOTrainer:
         from grouprl.run.lock import run_lock
         from grouprl.run.output_dir import resume_checkpoint, start_run
         from grouprl.train.algorithms import algorithm_for
-        from grouprl.train.checkpoint.store import save_final_atomic
+        from grouprl.train.checkpoint import save_final_atomic
         from grouprl.train.parallel import ranks as dist
 
         cfg, ranks = self.config, dist.current()  # ranks: rank 0 alone touches the run's files (train/parallel/ranks.py)

@@ -102,7 +102,7 @@ def _run_locked(cfg: Any, resume: Any) -> dict[str, Any]:
     from grouprl.run import checks as startup
     from grouprl.run import reporting
     from grouprl.run.output_dir import start_run
-    from grouprl.train.checkpoint.store import save_final_atomic
+    from grouprl.train.checkpoint import save_final_atomic
     from grouprl.train.engine.model import apply_peft, apply_torch_threads
     from grouprl.train.parallel import ranks as dist
     from grouprl.train.score import resolve_reward_funcs

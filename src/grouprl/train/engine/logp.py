@@ -169,6 +169,7 @@ def _chunked_head(head, hidden, completion_ids, completion_mask, temperature, ch
     return logp, torch.zeros(shape, dtype=ent.dtype, device=ent.device).masked_scatter(_pad_right(real, T), ent)
 
 
+@torch.no_grad()
 def batched_logps(model: Any, rows: list[Any], temperature: float, autocast: Any, *,
                   chunk_size: int = DEFAULT_LOGITS_CHUNK, padding_free: bool | str = False) -> list[torch.Tensor]:
     """log-probs of each micro-batch without gradient (reference or old policy), with dropout off; padding

@@ -134,7 +134,6 @@ def combine(acc: dict[str, torch.Tensor], sums: dict[str, torch.Tensor]) -> dict
     return acc
 
 
-@torch.no_grad()
 # ---- one optimizer step -----------------------------------------------------------------------------
 def step_totals(mbs: list[MicroBatch], max_new_tokens: int) -> dict[str, int]:
     """Normalisers of the WHOLE optimizer step, passed to every micro-batch's aggregation.
