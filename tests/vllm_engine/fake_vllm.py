@@ -22,16 +22,19 @@ from typing import Any
 import torch
 
 LOGP_OFFSET = 0.0
+SCRIPT = None  # fn(prompt ids) -> the ids to emit (teacher-forced, scored by the engine's copy), or None
 EVENTS: list[tuple] = []
 INSTANCES: list[LLM] = []
 
 
-def install(monkeypatch, offset: float = 0.0) -> types.ModuleType:
-    """Put this module in ``sys.modules["vllm"]`` (undone by ``monkeypatch``) and reset its state."""
+def install(monkeypatch, offset: float = 0.0, script: Any = None) -> types.ModuleType:
+    """Put this module in ``sys.modules["vllm"]`` (undone by ``monkeypatch``) and reset its state.
+    ``script(prompt_ids) -> ids``: emit these ids instead of sampling (each scored by the engine's copy)."""
     import sys
 
     module = sys.modules[__name__]
     module.LOGP_OFFSET = offset
+    module.SCRIPT = script
     EVENTS.clear()
     INSTANCES.clear()
     monkeypatch.setitem(sys.modules, "vllm", module)
@@ -129,16 +132,22 @@ class LLM:
         return [RequestOutput(p["prompt_token_ids"], [self._sample(p["prompt_token_ids"], sampling_params)
                                                       for _ in range(sampling_params.n)]) for p in prompts]
 
-    def _next(self, ids: list[int], sp: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-        logits = self.model.hf(input_ids=torch.tensor([ids])).logits[0, -1].float()
+    def _next(self, prompt: list[int], out: list[int], sp: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+        logits = self.model.hf(input_ids=torch.tensor([prompt + out])).logits[0, -1].float()
         logp = torch.log_softmax(logits / (sp.temperature or 1.0), dim=-1)
-        tok = int(torch.multinomial(logp.exp(), 1, generator=generator)) if sp.temperature > 0 else int(logp.argmax())
+        if SCRIPT is not None:
+            forced = SCRIPT(list(prompt))
+            tok = forced[len(out)] if len(out) < len(forced) else sp.stop_token_ids[0]
+        elif sp.temperature > 0:
+            tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
+        else:
+            tok = int(logp.argmax())
         return tok, float(logp[tok]) + LOGP_OFFSET
 
     def _sample(self, prompt: list[int], sp: SamplingParams, generator: torch.Generator | None = None) -> CompletionOutput:
         ids, out, lps = list(prompt), [], []
         for _ in range(sp.max_tokens):
-            tok, lp = self._next(ids, sp, generator or self.generator)
+            tok, lp = self._next(list(prompt), out, sp, generator or self.generator)
             ids.append(tok)
             out.append(tok)
             lps.append({tok: Logprob(lp)})
@@ -187,7 +196,7 @@ class StepEngine:
         self.max_running = max(self.max_running, len(self.running))
         finished = []
         for r in self.running:
-            tok, lp = self.llm._next(r.prompt + r.out, r.sp, r.generator)
+            tok, lp = self.llm._next(r.prompt, r.out, r.sp, r.generator)
             r.out.append(tok)
             r.lps.append({tok: Logprob(lp)})
             if tok in r.sp.stop_token_ids or len(r.out) >= r.sp.max_tokens:
