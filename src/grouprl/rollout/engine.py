@@ -66,7 +66,17 @@ class Engine:
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: list[int] | int,
                  sampling: SamplingParams) -> list[Generation]:
-        raise NotImplementedError(f"{type(self).__name__}.generate(prompt_ids, max_new_tokens, sampling)")
+        """A continuous engine's default: add every request, step until all finished."""
+        if not self.continuous:
+            raise NotImplementedError(f"{type(self).__name__}.generate(prompt_ids, max_new_tokens, sampling)")
+        budgets = budgets_of(max_new_tokens, len(prompt_ids))
+        rids = [f"batch-{k}" for k in range(len(prompt_ids))]
+        for rid, ids, budget in zip(rids, prompt_ids, budgets):
+            self.add_request(rid, ids, budget, sampling)
+        done: dict = {}
+        while len(done) < len(rids):
+            done.update(self.step())
+        return [done[rid] for rid in rids]
 
     def sync_weights(self, model: Any) -> None:
         """Take the trainer's current weights (called once per generation round, before generating)."""
