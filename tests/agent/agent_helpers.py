@@ -13,16 +13,16 @@ from pathlib import Path
 
 E = "<|im_end|>"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-SCRIPTED = "extending.scripted_policy:ScriptedPolicy"
+SCRIPTED = "extending.my_engine:ScriptedPolicy"
 ROWS = [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(4)]
 
 
 def use_script(monkeypatch, turns: list[str], logprob: float | None = None) -> str:
-    """The documented scripted-policy plug-in (docs/EXTENDING.md, examples/extending/scripted_policy.py)
+    """The documented scripted-policy plug-in (docs/EXTENDING.md, examples/extending/my_engine.py)
     answering turn k with ``turns[k]`` ({a}/{b}/{sum} filled from the prompt); returns its
     ``rollout_backend`` path. ``ScriptedPolicy.requests`` then records each request's turn and budget."""
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    from extending.scripted_policy import ScriptedPolicy
+    from extending.my_engine import ScriptedPolicy
 
     monkeypatch.setattr(ScriptedPolicy, "turns", list(turns))
     monkeypatch.setattr(ScriptedPolicy, "logprob", logprob)

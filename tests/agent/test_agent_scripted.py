@@ -1,5 +1,5 @@
 """Every way a tool call can fail or a trajectory can end, through GRPOTrainer with the documented
-scripted-policy plug-in (``rollout_backend: extending.scripted_policy:ScriptedPolicy``):
+scripted-policy plug-in (``rollout_backend: extending.my_engine:ScriptedPolicy``):
 each is counted in the logged metrics, recorded in samples.jsonl, and leaves no tool thread behind."""
 
 from __future__ import annotations
