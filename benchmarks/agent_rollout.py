@@ -17,7 +17,8 @@ Two workloads, each run with ``schedule="lockstep"`` and ``schedule="per_traject
 
 Prints one JSON object: per workload and schedule the median wall seconds per round, the engine's busy
 fraction (time inside the engine / wall time), engine calls per round, and the lockstep / per-trajectory
-ratio of the wall time::
+ratio of the wall time. The schedules alternate round by round (the same machine load for both); on the
+recipe it also says whether per-trajectory rounds sampled the same tokens as lockstep (same seed)::
 
     OMP_NUM_THREADS=1 python benchmarks/agent_rollout.py                 # both workloads
     OMP_NUM_THREADS=1 python benchmarks/agent_rollout.py --skip-recipe   # the fake engine only
@@ -121,22 +122,18 @@ class ContinuousFake(Engine):
         return done
 
 
-def fake_rounds(args, tokenizer, kind: str, schedule: str) -> list[dict]:
+def fake_round(args, tokenizer, kind: str, schedule: str, r: int) -> dict:
     reply = _script(tokenizer, args.calls, args.words)
-    out = []
-    for r in range(args.rounds):
-        engine = (BatchFake(reply, args.token_ms / 1e3, args.call_ms / 1e3) if kind == "batch"
-                  else ContinuousFake(reply, args.token_ms / 1e3))
-        p = MultiTurnParams(max_turns=args.calls + 1, max_new_tokens=4096, tool_timeout_s=60, schedule=schedule,
-                            max_concurrent_tools=args.prompts * args.group)
-        rollout = MultiTurnRollout(tokenizer, engine, p,
-                                   env_factory=lambda: LatencyEnv(args.median_ms / 1e3, args.sigma, r))
-        rows = [{"prompt": f"Task {i}.", "row": i} for i in range(args.prompts * args.group)]
-        trajs = rollout.run(rows, 1, SamplingParams(4096))
-        assert all(t.end_reason == "answered" and len(t.tool_calls) == args.calls for t in trajs)
-        s = rollout.last_stats
-        out.append({"wall_s": s.wall_s, "busy": s.busy_fraction, "engine_calls": s.engine_calls})
-    return out
+    engine = (BatchFake(reply, args.token_ms / 1e3, args.call_ms / 1e3) if kind == "batch"
+              else ContinuousFake(reply, args.token_ms / 1e3))
+    p = MultiTurnParams(max_turns=args.calls + 1, max_new_tokens=4096, tool_timeout_s=60, schedule=schedule,
+                        max_concurrent_tools=args.prompts * args.group)
+    rollout = MultiTurnRollout(tokenizer, engine, p, env_factory=lambda: LatencyEnv(args.median_ms / 1e3, args.sigma, r))
+    rows = [{"prompt": f"Task {i}.", "row": i} for i in range(args.prompts * args.group)]
+    trajs = rollout.run(rows, 1, SamplingParams(4096))
+    assert all(t.end_reason == "answered" and len(t.tool_calls) == args.calls for t in trajs)
+    s = rollout.last_stats
+    return {"wall_s": s.wall_s, "busy": s.busy_fraction, "engine_calls": s.engine_calls}
 
 
 def summary(rounds: list[dict]) -> dict:
@@ -146,8 +143,9 @@ def summary(rounds: list[dict]) -> dict:
             "rounds": len(rounds)}
 
 
-def recipe_rounds(schedule: str, rounds: int) -> list[dict]:
-    """Rounds of the agent recipe on the transformers engine (lean sampler), seeds 0..rounds-1."""
+def recipe_rounds(rounds: int) -> dict[str, list[dict]]:
+    """Rounds of the agent recipe on the transformers engine (lean sampler), seeds 0..rounds-1, the two
+    schedules alternating round by round (the same load on the machine for both)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -169,23 +167,27 @@ def recipe_rounds(schedule: str, rounds: int) -> list[dict]:
     B = cfg.per_device_train_batch_size // cfg.num_generations
     factory = make_env_factory(environment_factory=resolve_environment(cfg.environment))
     engine = TransformersEngine(model, tok, lean=True)
-    out = []
+    out: dict[str, list[dict]] = {"lockstep": [], "per_trajectory": []}
     for r in range(rounds):
         rows = rollout_rows([dict(ds[i]) for i in range(r * B, (r + 1) * B)], cfg.prompt_column, cfg.system_prompt)
-        torch.manual_seed(r)
-        p = MultiTurnParams(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, schedule=schedule,
-                            max_tool_failures=cfg.max_tool_failures)
-        rollout = agent_round(engine, tok, rows, cfg.num_generations,
-                              SamplingParams(cfg.max_new_tokens, cfg.temperature), p, env_factory=factory)
-        s = rollout.stats
-        out.append({"wall_s": s.wall_s, "busy": s.busy_fraction, "engine_calls": s.engine_calls,
-                    "calls_per_traj": sum(len(t.tool_calls) for t in rollout.trajectories) / len(rollout.trajectories)})
+        tokens = {}
+        for schedule in out:
+            torch.manual_seed(r)
+            p = MultiTurnParams(max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens, schedule=schedule,
+                                max_tool_failures=cfg.max_tool_failures)
+            rollout = agent_round(engine, tok, rows, cfg.num_generations,
+                                  SamplingParams(cfg.max_new_tokens, cfg.temperature), p, env_factory=factory)
+            s, trajs = rollout.stats, rollout.trajectories
+            tokens[schedule] = [t.completion_ids for t in trajs]
+            out[schedule].append({"wall_s": s.wall_s, "busy": s.busy_fraction, "engine_calls": s.engine_calls,
+                                  "calls_per_traj": sum(len(t.tool_calls) for t in trajs) / len(trajs)})
+        out["per_trajectory"][-1]["same_tokens_as_lockstep"] = tokens["lockstep"] == tokens["per_trajectory"]
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--calls", type=int, default=3, help="tool calls per trajectory")
     ap.add_argument("--words", type=int, default=4, help="words of reasoning before each call")
@@ -208,14 +210,18 @@ def main() -> None:
     result = {"setup": {**vars(args), "tool_p99_over_median": round(math.exp(args.sigma * z99), 2),
                         "trajectories": args.prompts * args.group}}
     for kind in ("batch", "continuous"):
-        runs = {s: summary(fake_rounds(args, tokenizer, kind, s)) for s in ("lockstep", "per_trajectory")}
+        rounds: dict[str, list[dict]] = {"lockstep": [], "per_trajectory": []}
+        for r in range(args.rounds):  # alternating, so both schedules see the same machine load
+            for schedule in rounds:
+                rounds[schedule].append(fake_round(args, tokenizer, kind, schedule, r))
+        runs = {s: summary(x) for s, x in rounds.items()}
         runs["speedup_per_round"] = round(runs["lockstep"]["wall_s_per_round"] / runs["per_trajectory"]["wall_s_per_round"], 3)
         result[f"fake_{kind}_engine"] = runs
     if not args.skip_recipe:
-        runs = {}
-        for s in ("lockstep", "per_trajectory"):
-            rounds = recipe_rounds(s, args.recipe_rounds)
-            runs[s] = {**summary(rounds), "tool_calls_per_traj": round(statistics.mean(x["calls_per_traj"] for x in rounds), 3)}
+        rounds = recipe_rounds(args.recipe_rounds)
+        runs = {s: {**summary(x), "tool_calls_per_traj": round(statistics.mean(y["calls_per_traj"] for y in x), 3)}
+                for s, x in rounds.items()}
+        runs["per_trajectory"]["same_tokens_as_lockstep"] = all(y["same_tokens_as_lockstep"] for y in rounds["per_trajectory"])
         runs["speedup_per_round"] = round(runs["lockstep"]["wall_s_per_round"] / runs["per_trajectory"]["wall_s_per_round"], 3)
         result["agent_recipe_transformers"] = runs
     print(json.dumps(result, indent=2))
