@@ -27,16 +27,30 @@ ROWS = [{"prompt": f"What is {i} + {i * 7 + 1}?", "answer": str(i * 8 + 1)} for 
 
 
 def calculator_script(tokenizer):
-    """First turn: a calculator call; after the tool turn: the sum (ids of the text, end-of-turn last)."""
+    """First turn: a calculator call on the question's expression ("What is 12 * 3 + 4?"); after the tool
+    turn: its value (ids of the text, end-of-turn last)."""
 
     def script(prompt_ids):
         text = tokenizer.decode(prompt_ids)
-        a, b = (int(x) for x in re.search(r"What is (\d+) \+ (\d+)\?", text).groups())
-        reply = f"{a + b}{E}" if text.count("<|im_start|>assistant") > 1 else \
-            f"<tool_call>calculator(expression='{a} + {b}')</tool_call>{E}"
+        expr = re.search(r"What is ([\d +*-]+)\?", text)[1]
+        value = sum(eval_product(term) * sign for sign, term in signed_terms(expr))
+        reply = f"{value}{E}" if text.count("<|im_start|>assistant") > 1 else \
+            f"<tool_call>calculator(expression='{expr}')</tool_call>{E}"
         return tokenizer.encode(reply, add_special_tokens=False)
 
     return script
+
+
+def signed_terms(expr: str) -> list[tuple[int, str]]:
+    parts = re.split(r"\s*([+-])\s*", expr.strip())
+    return [(1, parts[0])] + [(1 if op == "+" else -1, term) for op, term in zip(parts[1::2], parts[2::2])]
+
+
+def eval_product(term: str) -> int:
+    out = 1
+    for factor in term.split("*"):
+        out *= int(factor)
+    return out
 
 
 def _train(tmp_path, model_dir, **overrides):
