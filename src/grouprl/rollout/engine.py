@@ -61,7 +61,7 @@ class Engine:
     shared_engine = False
     continuous = False
 
-    def __init__(self, model: Any = None, tokenizer: Any = None, **kwargs: Any) -> None:
+    def __init__(self, model: Any = None, tokenizer: Any = None) -> None:
         self.model, self.tokenizer = model, tokenizer
 
     def generate(self, prompt_ids: list[list[int]], max_new_tokens: list[int] | int,
@@ -132,8 +132,7 @@ class TransformersEngine(Engine):
 
     trainer_is_sampler = True
 
-    def __init__(self, model: Any, tokenizer: Any, *, lean: bool | None = None, stop_ids: list[int] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, lean: bool | None = None, stop_ids: list[int] | None = None) -> None:
         from grouprl.rollout.chat import stop_token_ids
         from grouprl.rollout.hf import eos_token_ids
 

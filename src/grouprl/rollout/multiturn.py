@@ -246,7 +246,11 @@ class MultiTurnRollout:
 
     def next_action(self, live: _Live, gen: Generation) -> Action | None:
         """Append one model turn, then decide what comes next: an :class:`Action` (``tools``: run the turn's
-        calls), or ``None`` when the trajectory ended (``max_tokens``, ``answered``, ``max_turns``)."""
+        calls), or ``None`` when the trajectory ended (``max_tokens``, ``answered``, ``max_turns``).
+
+        The one place a trajectory's next step is chosen: another kind of step (an environment answering a
+        free-text turn with a user message, say) is an ``Action`` kind returned here, with its job and its
+        append function registered in ``self.jobs``; the schedulers run any kind the same way."""
         traj, budget = live.traj, self.params.max_new_tokens - len(live.traj.completion_ids)
         sampled = list(gen.token_ids)[:budget]
         traj.append(sampled, sampled=True, logp=None if gen.logprobs is None else list(gen.logprobs)[:len(sampled)])
