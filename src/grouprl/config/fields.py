@@ -259,7 +259,7 @@ class GRPOConfig:
     agent_schedule: str = "per_trajectory"
     """``per_trajectory``: a rollout's next model turn goes to the engine as soon as its own tool calls
     returned (the engine batches whatever is ready); ``lockstep``: every turn waits for the slowest rollout's
-    tools (the same engine batches for the same seed). docs/AGENTS.md, "Scheduling and determinism"."""
+    tools (the same engine batches run to run). docs/AGENTS.md, "Scheduling and determinism"."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0
