@@ -127,7 +127,7 @@ def fake_round(args, tokenizer, kind: str, schedule: str, r: int) -> dict:
     engine = (BatchFake(reply, args.token_ms / 1e3, args.call_ms / 1e3) if kind == "batch"
               else ContinuousFake(reply, args.token_ms / 1e3))
     p = MultiTurnParams(max_turns=args.calls + 1, max_new_tokens=4096, tool_timeout_s=60, schedule=schedule,
-                        max_concurrent_tools=args.prompts * args.group)
+                        max_concurrent_tools=args.prompts * args.group, batch_wait_s=args.batch_wait_ms / 1e3)
     rollout = MultiTurnRollout(tokenizer, engine, p, env_factory=lambda: LatencyEnv(args.median_ms / 1e3, args.sigma, r))
     rows = [{"prompt": f"Task {i}.", "row": i} for i in range(args.prompts * args.group)]
     trajs = rollout.run(rows, 1, SamplingParams(4096))
@@ -195,6 +195,8 @@ def main() -> None:
     ap.add_argument("--call-ms", type=float, default=5.0)
     ap.add_argument("--median-ms", type=float, default=50.0)
     ap.add_argument("--sigma", type=float, default=1.3)
+    ap.add_argument("--batch-wait-ms", type=float, default=MultiTurnParams.batch_wait_s * 1e3,
+                    help="per-trajectory, batch engine: the wait for trajectories still in their tools")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--recipe-rounds", type=int, default=3)
     ap.add_argument("--skip-recipe", action="store_true")

@@ -9,8 +9,7 @@ reason. Token ids are never re-derived from text: the multi-turn rollout appends
 
 An engine that can take new requests while others are running (vLLM's continuous batching) also
 implements ``add_request(request_id, prompt_ids, max_new_tokens, sampling)``, ``step() -> [(request_id,
-Generation)]`` (the requests that finished in this step, in any order) and ``num_unfinished() -> int``,
-and sets ``continuous = True``; the per-trajectory scheduler (``grouprl.rollout.schedule``) then adds a
+Generation)]`` (the requests that finished in this step, in any order), and sets ``continuous = True``; the per-trajectory scheduler (``grouprl.rollout.schedule``) then adds a
 trajectory's next turn the moment its tools return.
 
 Implementations: :class:`TransformersEngine` (``model.generate`` or the lean CPU sampler over the

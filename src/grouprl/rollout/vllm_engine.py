@@ -5,7 +5,7 @@ end-of-turn tokens as stop ids; the engine's log-prob of each sampled token come
 (``logprobs=0``, ``logprobs_mode="processed_logprobs"``: after temperature, as the trainer scores).
 
 - colocate: requests go straight into the in-process engine. When its ``llm_engine`` exposes
-  ``add_request`` / ``step`` / ``get_num_unfinished_requests`` (vLLM's ``LLMEngine``), the engine is
+  ``add_request`` / ``step`` (vLLM's ``LLMEngine``), the engine is
   *continuous*: the per-trajectory scheduler adds a trajectory's next turn while the others decode
   (continuous batching), and ``step`` returns whatever finished. The engine wakes once per round
   (:meth:`VLLMEngine.session`) and sleeps after it, instead of once per engine call.
@@ -65,7 +65,7 @@ class VLLMEngine(Engine):
         self.inner = inner
         step_api = getattr(getattr(inner, "llm", None), "llm_engine", None)
         self.continuous = isinstance(inner, ColocatedEngine) and all(
-            hasattr(step_api, m) for m in ("add_request", "step", "get_num_unfinished_requests"))
+            hasattr(step_api, m) for m in ("add_request", "step"))
 
     def sync_weights(self, model: Any) -> None:
         self.backend.sync_weights(model)
@@ -120,6 +120,3 @@ class VLLMEngine(Engine):
     def step(self) -> list[tuple[str, Generation]]:
         outs = self.inner.llm.llm_engine.step()
         return [(str(o.request_id), _generation(to_row(o.outputs[0]))) for o in outs if o.finished]
-
-    def num_unfinished(self) -> int:
-        return int(self.inner.llm.llm_engine.get_num_unfinished_requests())
