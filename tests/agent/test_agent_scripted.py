@@ -86,3 +86,17 @@ def test_grouprl_eval_path_builds_the_agent_from_the_recipe(tmp_path, tiny_model
     result = evaluate_model(cfg, model, tok, ROWS, make_reward_func("accuracy"))
     assert result["accuracy"] == 0.0 and result["tools/calls_per_traj"] == 1 and result["tools/failure_frac"] == 0
     assert result["samples"][0]["messages"][-1]["content"] == "10"  # 0 + 1 = 1, answered "10": wrong
+
+
+def test_the_engine_plug_in_serves_single_turn_runs_and_its_logprobs_reach_the_correction(tmp_path, tiny_model_dir,
+                                                                                           monkeypatch):
+    """No tools: the same plug-in runs a single-turn round (``EngineBackend``); its log-prob -1.0 per token
+    is ``rollout_logp``, so TIS applies and the gap to the trainer's log-probs is logged."""
+    backend = use_script(monkeypatch, ["Answer: {sum}" + E], logprob=-1.0)
+    cfg = GRPOConfig(rollout_backend=backend, output_dir=str(tmp_path / "out"), num_generations=2,
+                     per_device_train_batch_size=4, max_new_tokens=32, max_steps=1, progress_bar=False,
+                     save_strategy="no", seed=0, eval_split=None)
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=ROWS, reward_funcs=["accuracy"]).train()
+    rec = read_jsonl(f"{cfg.output_dir}/metrics.jsonl")[0]
+    assert rec["reward"] == 1 and "tools/calls_per_traj" not in rec
+    assert rec["mismatch/logp_abs_diff"] > 0 and rec["mismatch/is_weight_max"] <= 2.0  # TIS, capped at 2
