@@ -10,7 +10,13 @@ BPE tokenizer with a 32k vocabulary trained here on synthetic text), then runs i
   each (the ceiling for rollouts);
 - ``transformers``: ``GRPOTrainer`` with ``rollout_backend: transformers``;
 - ``vllm_colocate``: ``rollout_backend: vllm``, ``vllm_mode: colocate`` (engine on the trainer's GPU);
-- ``vllm_server`` (only with >= 2 GPUs): ``grouprl vllm-serve`` on GPU 1, the trainer on GPU 0.
+- ``vllm_server`` (only with >= 2 GPUs): ``grouprl vllm-serve`` on GPU 1, the trainer on GPU 0;
+- ``agent_colocate`` / ``agent_server`` (server: >= 2 GPUs): one multi-turn round (``environment:
+  calculator``, ``max_turns`` 2) of the ``builtin:calculator`` model -- the agent recipe's, warm-started to
+  call the calculator, built here by its short SFT -- on the vLLM token engine (colocate: continuous
+  batching). Checks that every model segment of every trajectory is exactly the ids the engine returned
+  for that prompt (prompt = the previous ids, nothing re-tokenized), that the loss mask is 1 exactly on
+  them, and reports the engine/trainer log-prob gap on model tokens and the engine's tokens/s.
 
 and prints one JSON object: rollout tokens/s of each (completion tokens / generation seconds), each
 run's mean step time, peak GPU memory (the trainer's torch allocations, and the device's used memory after
@@ -68,15 +74,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = [("transformers", "0", None)]
         if has_vllm:
             plan = [("raw_vllm", "0", None), *plan, ("vllm_colocate", "0", None)]
+            plan.append(("agent_colocate", "0", None))
             if gpus >= 2:
-                plan.append(("vllm_server", "0", "server"))
+                plan += [("vllm_server", "0", "server"), ("agent_server", "0", "server")]
             else:
-                result["runs"]["vllm_server"] = {"skipped": f"needs 2 GPUs, this machine has {gpus}"}
+                for name in ("vllm_server", "agent_server"):
+                    result["runs"][name] = {"skipped": f"needs 2 GPUs, this machine has {gpus}"}
         else:
-            for name in ("raw_vllm", "vllm_colocate", "vllm_server"):
+            for name in ("raw_vllm", "vllm_colocate", "vllm_server", "agent_colocate", "agent_server"):
                 result["runs"][name] = {"skipped": "vllm is not installed (pip install 'grouprl[vllm]')"}
         for name, device, server in plan:
-            if server:
+            if name.startswith("agent") and not server:
+                result["runs"][name] = child(name, agent_model(), args.steps, device)
+            elif server:
                 result["runs"][name] = with_server(model_dir, args.steps, name)
             else:
                 result["runs"][name] = child(name, model_dir, args.steps, device)
@@ -137,7 +147,15 @@ def child(name: str, model_dir: Path, steps: int, device: str, url: str | None =
     return {"error": f"{name} exited {proc.returncode}", "stderr_tail": proc.stderr[-3000:]}
 
 
+def agent_model() -> Path:
+    from grouprl.models import resolve_model_path
+
+    return Path(resolve_model_path("builtin:calculator"))
+
+
 def with_server(model_dir: Path, steps: int, name: str) -> dict:
+    if name.startswith("agent"):
+        model_dir = agent_model()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -159,6 +177,11 @@ def with_server(model_dir: Path, steps: int, name: str) -> dict:
 def run_child(name: str, model_dir: Path, steps: int, url: str | None) -> dict:
     if name == "raw_vllm":
         return raw_vllm(model_dir)
+    if name.startswith("agent"):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from gpu_check_agent import agent_round_check
+
+        return {**agent_round_check(model_dir, url if name == "agent_server" else None, G), **_memory()}
     from grouprl import GRPOConfig, GRPOTrainer
 
     with tempfile.TemporaryDirectory() as out:

@@ -85,7 +85,7 @@ DYNAMIC_IMPORTS = {
     ("builtins.py", "load_builtins"): "the modules listed in BUILTIN_MODULES, whose decorators register",
     ("envs/resolve.py", "_import"): "user tools / environments named 'package.module:attr' in a recipe",
     ("registry.py", "Registry.resolve"): "the plug-in resolver: 'package.module:function' from the user",
-    ("rollout/__init__.py", "make_backend"): "the backend loader: a built-in backend or 'package.module:Class'",
+    ("rollout/__init__.py", "backend_class"): "the backend loader: a built-in backend or 'package.module:Class'",
     ("rewards/adapters.py", "_resolve"): "a reward plug-in 'package.module:function' from the user",
     ("rewards/_limit.py", "_import"): "the time-limited worker runs the 'module:function' its parent names",
 }

@@ -1,4 +1,4 @@
-"""A scripted policy for the trainer path: the tiny model's generate is replaced by fixed texts per turn.
+"""A scripted policy for the trainer path: the documented ``rollout_backend`` plug-in samples fixed texts per turn.
 
 The loss is still computed by the real tiny model on those tokens, so everything after sampling (masks,
 micro-batches, log-probs, gradients, metrics, samples) is the trainer's own code.
@@ -9,37 +9,25 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 E = "<|im_end|>"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+SCRIPTED = "extending.my_engine:ScriptedPolicy"
 ROWS = [{"prompt": f"What is {i} + {i + 1}?", "answer": str(2 * i + 1)} for i in range(4)]
 
 
-def scripted(tokenizer, turns: list[str], calls: list | None = None):
-    """A ``generate_fn`` answering every trajectory with ``turns[k]`` at its turn ``k`` (text with ``{a}`` /
-    ``{b}`` / ``{sum}`` filled from the numbers of its first prompt). ``calls`` gets each call's budgets."""
-    import re
+def use_script(monkeypatch, turns: list[str], logprob: float | None = None) -> str:
+    """The documented scripted-policy plug-in (docs/EXTENDING.md, examples/extending/my_engine.py)
+    answering turn k with ``turns[k]`` ({a}/{b}/{sum} filled from the prompt); returns its
+    ``rollout_backend`` path. ``ScriptedPolicy.requests`` then records each request's turn and budget."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    from extending.my_engine import ScriptedPolicy
 
-
-    def generate(prompts, budgets, params):
-        if calls is not None:
-            calls.append(list(budgets) if not isinstance(budgets, int) else [budgets] * len(prompts))
-        out = []
-        for prompt in prompts:
-            text = tokenizer.decode(prompt)
-            a, b = (int(x) for x in re.search(r"What is (\d+) \+ (\d+)\?", text).groups())
-            k = text.count("<|im_start|>assistant") - 1  # assistant turns before this one
-            script = turns[min(k, len(turns) - 1)]
-            out.append(tokenizer.encode(script.format(a=a, b=b, sum=a + b), add_special_tokens=False))
-        return out
-
-    return generate
-
-
-def use_script(monkeypatch, turns: list[str], calls: list | None = None) -> None:
-    """Make the agent rollout sample ``turns`` instead of the tiny model's random text."""
-    import grouprl.rollout.multiturn as mt
-
-    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tokenizer, stop_ids=None, **kw: scripted(tokenizer, turns, calls))
+    monkeypatch.setattr(ScriptedPolicy, "turns", list(turns))
+    monkeypatch.setattr(ScriptedPolicy, "logprob", logprob)
+    monkeypatch.setattr(ScriptedPolicy, "requests", [])
+    return SCRIPTED
 
 
 def read_jsonl(path) -> list[dict]:

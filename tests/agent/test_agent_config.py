@@ -50,9 +50,25 @@ def test_names_fail_at_start_up_before_the_model_loads(cfg, message):
                     reward_funcs=["accuracy"])
 
 
-def test_an_engine_backend_with_tools_is_refused():
-    with pytest.raises(ConfigError, match="rollout_backend='pkg.mod:Engine' serves single-turn runs"):
+class TextOnlyBackend:
+    """A text-level backend (``generate(prompts, n, params) -> Rollout``): single-turn runs only."""
+
+    def __init__(self, model, tokenizer):
+        pass
+
+
+def test_a_text_level_backend_with_tools_is_refused_and_an_unloadable_one_named():
+    with pytest.raises(ConfigError, match="text-level backend.*subclass grouprl.rollout.engine.Engine"):
+        build_agent(GRPOConfig(environment="calculator", rollout_backend=f"{__name__}:TextOnlyBackend"))
+    with pytest.raises(ConfigError, match="rollout_backend='pkg.mod:Engine' cannot be loaded"):
         build_agent(GRPOConfig(environment="calculator", rollout_backend="pkg.mod:Engine"))
+
+
+def test_vllm_and_engine_plug_ins_drive_agents():
+    assert build_agent(GRPOConfig(environment="calculator", rollout_backend="vllm")) is not None
+    agent = build_agent(GRPOConfig(environment="calculator", rollout_backend="grouprl.rollout.engine:Engine",
+                                   max_concurrent_tools=3, agent_schedule="lockstep"))
+    assert agent.params(64).max_concurrent_tools == 3 and agent.params(64).schedule == "lockstep"
 
 
 def test_a_tool_without_a_docstring_fails_at_start_up():

@@ -1,6 +1,6 @@
 """GRPO through GRPOTrainer with tools: a scripted policy on the tiny model, end to end.
 
-The policy's sampled text is fixed (``agent_helpers.use_script``), the rest is the trainer's own path:
+The policy's sampled text is fixed (``agent_helpers.use_script``: the documented scripted-policy plug-in), the rest is the trainer's own path:
 the multi-turn rollout, the rewards that see trajectories, the environment reward, the loss mask in the
 micro-batches, the gradients, the metrics and samples.jsonl.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from agent_helpers import ROWS, Adder, E, add, read_jsonl, tool_threads, use_script
+from agent_helpers import ROWS, SCRIPTED, Adder, E, add, read_jsonl, tool_threads, use_script
 
 import grouprl.train.algorithms.rounds as round_mod
 import grouprl.train.engine.step as step_mod
@@ -23,7 +23,7 @@ def config(tmp_path, **kw):
     base = dict(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=4,
                 gradient_accumulation_steps=1, max_new_tokens=64, max_prompt_length=128, max_steps=2,
                 learning_rate=1e-3, progress_bar=False, save_strategy="no", seed=0, eval_split=None,
-                log_completions_steps=1, num_completions_to_log=4)
+                log_completions_steps=1, num_completions_to_log=4, rollout_backend=SCRIPTED)
     base.update(kw)
     return GRPOConfig(**base)
 

@@ -54,20 +54,20 @@ F_TOOL = {"type": "function", "function": {"name": "f", "description": "Returns 
 
 
 def scripted_generate(tokenizer, scripts: list[list[str]], calls: list | None = None):
-    """A ``generate_fn`` whose generate call ``k`` answers trajectory ``j`` with ``scripts[j][k]``.
+    """A ``generate_fn`` answering trajectory ``j`` at its turn ``k`` with ``scripts[j][k]``.
 
     ``j`` is the index of the trajectory's first prompt among the distinct first prompts (copies of one
-    prompt share a script; later prompts are matched by their initial prefix). Every active trajectory is in call ``k`` at its
-    turn ``k``, so ``k`` is the turn. Texts are tokenized as the model's own sampled ids (an end-of-turn
-    token written in the text is one sampled id). Each call's ``(prompts, budgets)`` is appended to ``calls``.
+    prompt share a script; later prompts are matched by their initial prefix). The turn ``k`` of a prompt is
+    the number of distinct prompts answered before that are a proper prefix of it (its own earlier turns),
+    so the script does not depend on which trajectories share an engine call (per-trajectory scheduling).
+    Texts are tokenized as the model's own sampled ids (an end-of-turn token written in the text is one
+    sampled id). Each call's ``(prompts, budgets)`` is appended to ``calls``.
     """
-    state: dict = {"turn": 0, "initial": None}
+    state: dict = {"initial": None, "answered": set()}
 
     def generate(prompts, budgets, params):
         if calls is not None:
             calls.append(([list(p) for p in prompts], budgets))
-        k = state["turn"]
-        state["turn"] += 1
         if state["initial"] is None:  # distinct first prompts, in order: script j belongs to the j-th
             state["initial"] = []
             for p in prompts:
@@ -75,9 +75,14 @@ def scripted_generate(tokenizer, scripts: list[list[str]], calls: list | None = 
                     state["initial"].append(list(p))
         out = []
         for prompt in prompts:
-            j = next(i for i, init in enumerate(state["initial"]) if list(prompt[:len(init)]) == init)
+            j = next((i for i, init in enumerate(state["initial"]) if list(prompt[:len(init)]) == init), None)
+            if j is None:  # a first prompt given in a later call (an engine taking one request at a time)
+                j = len(state["initial"])
+                state["initial"].append(list(prompt))
+            k = sum(len(a) < len(prompt) and tuple(prompt[:len(a)]) == a for a in state["answered"])
             script = scripts[j] if len(scripts) > 1 else scripts[0]
             out.append(tokenizer.encode(script[min(k, len(script) - 1)], add_special_tokens=False))
+        state["answered"].update(tuple(p) for p in prompts)
         return out
 
     return generate

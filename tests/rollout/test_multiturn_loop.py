@@ -122,7 +122,7 @@ def test_environment_reward_observation_and_groups(tok):
 def test_batch_metrics_and_only_active_trajectories_are_generated(tok):
     calls = []
     scripts = [[CALL_F, ANSWER], [f"<tool_call>boom()</tool_call>{E}", ANSWER], [ANSWER], ["abc"]]
-    trajs = run(tok, scripts, calls=calls)
+    trajs = run(tok, scripts, calls=calls, schedule="lockstep")  # per-trajectory batches: test_schedule.py
     assert [t.end_reason for t in trajs] == ["answered", "answered", "answered", "max_tokens"]
     assert [len(prompts) for prompts, _ in calls] == [4, 2]
     m = multiturn_metrics(trajs)

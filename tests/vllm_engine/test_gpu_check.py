@@ -60,3 +60,23 @@ def test_gpu_check_children_report_their_figures_on_cpu(gpu_check, tiny_model_di
     assert colocate["mismatch/is_weight_mean"] == pytest.approx([2.718281828 ** 0.5], abs=1e-4)
     raw = gpu_check.run_child("raw_vllm", tiny_model_dir, 1, None)
     assert 0 < raw["completion_tokens"] <= 2 * 4 * 6 and raw["rollout_tokens_per_s"] > 0
+
+
+def test_gpu_check_agent_round_on_cpu(gpu_check, tiny_model_dir, monkeypatch):
+    """The multi-turn child on the tiny model with the fake engine scripted to call the calculator: every
+    model segment is the engine's ids, masks agree, and the log-prob gap is the engine's offset."""
+    import fake_vllm
+    from test_vllm_agent import calculator_script
+    from transformers import AutoTokenizer
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check_agent
+
+    monkeypatch.setattr(gpu_check_agent, "AGENT_PROMPTS", 2)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    fake_vllm.install(monkeypatch, offset=-0.5, script=calculator_script(tok))
+    out = gpu_check.run_child("agent_colocate", tiny_model_dir, 1, None)
+    assert out["continuous"] and out["trajectories"] == 2 * 4 and out["end_reasons"] == {"answered": 8}
+    assert out["tool_calls_per_traj"] == 1 and out["tool_tokens"] > 0
+    assert out["segments_not_engine_ids"] == 0 and out["mask_errors"] == 0
+    assert out["logp_gap_mean"] == pytest.approx(0.5, abs=1e-4) and out["rollout_tokens_per_s"] > 0

@@ -7,7 +7,8 @@ Routes (JSON unless said otherwise):
 - ``GET /health`` -> ``{"status": "ok", "model": ..., "dtype": ...}``
 - ``POST /generate`` ``{"prompt_ids": [[int]], "n": int, "params": SamplingParams fields, "eos_ids": [int]}``
   -> ``{"completions": [[{"token_ids": [int], "logprobs": [float]}]]}``: token ids in, ids and the sampled
-  tokens' log-probs out (no text).
+  tokens' log-probs out (no text). With ``"max_new_tokens": [int]`` (one budget per prompt, ``n`` = 1; the
+  multi-turn rollout's ready turns) each completion also carries ``"finish_reason"`` (``stop`` / ``length``).
 - ``POST /update_weights`` (body: safetensors bytes of ``{name: tensor}``) -> ``{"loaded": count}``: the
   tensors go to the engine's own ``model.load_weights``.
 - ``POST /reset_prefix_cache`` -> ``{}``.
@@ -66,12 +67,17 @@ def make_server(llm: Any, vllm: Any, host: str, port: int, *, model: str = ""):
 
     from grouprl.rollout.base import SamplingParams
     from grouprl.rollout.vllm_backend import engine_generate, load_weights_into
+    from grouprl.rollout.vllm_engine import engine_generate_each
 
     dtype = _engine_dtype(llm)
 
     def generate(body: bytes) -> dict:
         req = json.loads(body)
         params = SamplingParams(**req["params"])
+        if req.get("max_new_tokens") is not None:  # one budget per prompt (multi-turn: one turn per request)
+            rows = engine_generate_each(llm, vllm, req["prompt_ids"], [int(b) for b in req["max_new_tokens"]], params,
+                                        req["eos_ids"])
+            return {"completions": [[row] for row in rows]}
         return {"completions": engine_generate(llm, vllm, req["prompt_ids"], int(req["n"]), params, req["eos_ids"])}
 
     def update_weights(body: bytes) -> dict:

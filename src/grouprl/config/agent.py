@@ -12,7 +12,7 @@ from typing import Any
 from grouprl.errors import ConfigError
 
 AGENT_FIELDS = ("tools", "environment", "max_turns", "max_tool_failures", "tool_timeout_s",
-                "trajectory_timeout_s", "chat_template")
+                "trajectory_timeout_s", "chat_template", "max_concurrent_tools", "agent_schedule")
 
 
 def uses_tools(cfg: Any) -> bool:
@@ -33,10 +33,10 @@ def check_agent_fields(cfg: Any) -> None:
     if isinstance(env, str) and (not env.strip() or env.count(":") > 1 or env.startswith(":") or env.endswith(":")):
         raise ConfigError(f"environment={env!r} must be a built-in name (calculator, python, search) or "
                           f"'package.module:ClassName'.")
-    for name in ("max_turns",):
+    for name, what in (("max_turns", "model turns per rollout"), ("max_concurrent_tools", "tool calls at once")):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be a whole number >= 1 (model turns per rollout).")
+            raise ConfigError(f"{name}={value!r} must be a whole number >= 1 ({what}).")
     failures = cfg.max_tool_failures
     if failures is not None and (isinstance(failures, bool) or not isinstance(failures, int) or failures < 1):
         raise ConfigError(f"max_tool_failures={failures!r} must be a whole number >= 1, or null for no limit.")

@@ -253,6 +253,13 @@ class GRPOConfig:
     chat_template: str | None = None
     """A ``.jinja`` file (or a Jinja string) replacing the tokenizer's chat template for multi-turn rollouts;
     it must be prefix-preserving (``grouprl check-template`` tells)."""
+    max_concurrent_tools: int = 16
+    """Tool calls running at once in a multi-turn round (one trajectory's calls run in order; trajectories
+    concurrently), each under ``tool_timeout_s``."""
+    agent_schedule: str = "per_trajectory"
+    """``per_trajectory``: a rollout's next model turn goes to the engine as soon as its own tool calls
+    returned (the engine batches whatever is ready); ``lockstep``: every turn waits for the slowest rollout's
+    tools (the same engine batches run to run). docs/AGENTS.md, "Scheduling and determinism"."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0

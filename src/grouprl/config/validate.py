@@ -29,6 +29,7 @@ CHOICES = {
     "rollout_correction": ("auto", "tis", "mask", "none"),
     "ref_dtype": ("auto", "float32", "bfloat16"),
     "rollout_dtype": ("auto", "float32", "bfloat16"),
+    "agent_schedule": ("per_trajectory", "lockstep"),
 }
 REPORT_TARGETS = ("none", "tensorboard", "wandb", "jsonl", "all")
 _KINDS = {  # annotation -> (accepts, what to write)

@@ -1,8 +1,12 @@
 """Multi-turn tool rollouts: generate -> parse tool calls -> run them -> append the results -> generate.
 
-All ``B x G`` trajectories advance together: each turn is one batched ``generate_fn`` call over the
-trajectories still running, then the tool calls of that turn run in a thread pool (the calls of one
-trajectory in order, trajectories concurrently), each under a timeout. A trajectory ends when
+Each trajectory is a small state machine. After each model turn, :meth:`MultiTurnRollout.next_action`
+decides what comes next -- run the turn's tool calls, or end -- and the scheduler
+(:mod:`grouprl.rollout.schedule`) carries it out: by default per trajectory (a trajectory's next model
+turn is submitted as soon as its own tools returned; the engine batches whatever is ready), or in
+lockstep (every turn waits for the slowest trajectory: ``schedule="lockstep"``). Tool calls run in a
+pool of ``max_concurrent_tools`` threads (the calls of one trajectory in order, trajectories
+concurrently), each under its timeout. A trajectory ends when
 
 - the model answers without a ``<tool_call>`` block (``answered``),
 - it has had ``max_turns`` model turns and still calls a tool (``max_turns``; those calls are not run),
@@ -18,7 +22,8 @@ budget and never carry gradient. The same holds when the failure budget or the t
 after its tools ran.
 
 Tokens are never re-derived from text (DESIGN.md): the next prompt is the previous ids + the sampled ids
-+ :func:`grouprl.rollout.chat.tool_turn_ids`. Tool calls are parsed by the same parser as the
++ :func:`grouprl.rollout.chat.tool_turn_ids`; the engine's log-prob of each sampled token is kept beside
+it (``Trajectory.rollout_logp``, 0.0 on tool tokens). Tool calls are parsed by the same parser as the
 ``tool_call`` reward (:func:`grouprl.rewards.tool_call.parse_tool_blocks`); a malformed call, an unknown
 tool, arguments that fail the tool's JSON schema, an exception or a timeout becomes an ``error: ...``
 tool message that the model sees, is counted, and never stops the run.
@@ -30,17 +35,18 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from grouprl.envs.base import BadArgumentsError, ClassToolEnv, ToolEnv, call_with_timeout, validate_arguments
 from grouprl.rewards.tool_call import parse_tool_blocks
 from grouprl.rollout.chat import load_chat_template, prompt_ids, stop_token_ids, tool_turn_ids
+from grouprl.rollout.engine import Engine, FunctionEngine, Generation, TransformersEngine
 from grouprl.rollout.trajectory import END_REASONS, Trajectory, public_state
 
 GenerateFn = Callable[[list[list[int]], "list[int] | int", Any], list[list[int]]]
 CallToolFn = Callable[[Any, str, dict, float], "tuple[str, str | None]"]
+SCHEDULES = ("per_trajectory", "lockstep")
 log = logging.getLogger("grouprl")
 
 
@@ -58,11 +64,17 @@ class MultiTurnParams:
     """Wall-clock limit of one tool call; a late call returns an error message to the model."""
     trajectory_timeout_s: float = 600.0
     """Wall-clock limit of one trajectory, checked before each turn and after its tools ran."""
-    max_workers: int = 16
-    """Threads that run tool calls (trajectories concurrently, the calls of one trajectory in order)."""
+    max_concurrent_tools: int = 16
+    """Tool calls running at once (trajectories concurrently, the calls of one trajectory in order)."""
+    schedule: str = "per_trajectory"
+    """``per_trajectory``: a trajectory's next turn goes to the engine when its own tools returned;
+    ``lockstep``: each turn waits for every trajectory's tools (the same batches for the same seed)."""
+    batch_wait_s: float = 0.05
+    """Per-trajectory schedule, batch engines: how long an idle engine waits for trajectories whose tools
+    are still running before it generates for the ready ones (continuous engines never wait)."""
 
     def validate(self) -> None:
-        for name in ("max_turns", "max_new_tokens", "max_workers"):
+        for name in ("max_turns", "max_new_tokens", "max_concurrent_tools"):
             if getattr(self, name) < 1:
                 raise ValueError(f"MultiTurnParams.{name}={getattr(self, name)} must be >= 1")
         for name in ("tool_timeout_s", "trajectory_timeout_s"):
@@ -70,6 +82,10 @@ class MultiTurnParams:
                 raise ValueError(f"MultiTurnParams.{name}={getattr(self, name)} must be > 0 seconds")
         if self.max_tool_failures is not None and self.max_tool_failures < 1:
             raise ValueError(f"MultiTurnParams.max_tool_failures={self.max_tool_failures} must be >= 1 or None")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"MultiTurnParams.schedule={self.schedule!r} must be one of {', '.join(SCHEDULES)}")
+        if not self.batch_wait_s >= 0:
+            raise ValueError(f"MultiTurnParams.batch_wait_s={self.batch_wait_s} must be >= 0 seconds")
 
 
 def as_tool_env(obj: Any) -> Any:
@@ -93,8 +109,18 @@ class _Live:
     env: Any
     tools: list[dict]
     start: float
+    index: int = 0  # row of the trajectory in the round (ready batches are ordered by it)
     failures: int = 0
     done: bool = False
+
+
+@dataclass
+class Action:
+    """What a trajectory does after a model turn (``MultiTurnRollout.next_action``): ``kind`` names the job
+    the scheduler runs off the engine thread (``tools``: the parsed ``blocks``, in order)."""
+
+    kind: str
+    blocks: list = field(default_factory=list)
 
 
 def _first_messages(row: dict, observation: str | None) -> list[dict]:
@@ -143,27 +169,43 @@ def _run_calls(live: _Live, blocks: list, cfg: MultiTurnParams, call_tool: CallT
     return records
 
 
-class MultiTurnRollout:
-    """Runs multi-turn tool rollouts with any generation backend.
+def as_engine(engine_or_fn: Any, tokenizer: Any) -> Engine:
+    """An :class:`Engine` as is; a plain ``generate_fn(prompt_id_lists, budgets, params) -> id lists``
+    wrapped (finish reason from the tokenizer's end-of-turn tokens, no log-probs)."""
+    if isinstance(engine_or_fn, Engine):
+        return engine_or_fn
+    if not callable(engine_or_fn):
+        raise TypeError(f"multi-turn rollout: expected a grouprl.rollout.engine.Engine or a generate_fn, got "
+                        f"{type(engine_or_fn).__name__}")
+    return FunctionEngine(engine_or_fn, stop_token_ids(tokenizer))
 
-    ``generate_fn(prompt_id_lists, max_new_tokens, params) -> sampled id lists`` (each including the
-    end-of-turn token when one was sampled; see :func:`hf_generate_fn`). ``env_factory()`` builds one
-    environment per trajectory (the ToolEnv contract, or a TRL-style class); ``None`` = no tools.
-    ``chat_template``: a Jinja string or ``.jinja`` path replacing the tokenizer's (must be prefix-preserving).
-    ``call_tool`` runs one call under a timeout (default :func:`grouprl.envs.base.call_with_timeout`).
+
+class MultiTurnRollout:
+    """Runs multi-turn tool rollouts on any token engine.
+
+    ``engine``: a :class:`grouprl.rollout.engine.Engine` (``generate(prompt_ids, max_new_tokens, sampling)
+    -> Generation``s), or a plain ``generate_fn(prompt_id_lists, max_new_tokens, params) -> sampled id lists``
+    (each including the end-of-turn token when one was sampled). ``env_factory()`` builds one environment
+    per trajectory (the ToolEnv contract, or a TRL-style class); ``None`` = no tools. ``chat_template``: a
+    Jinja string or ``.jinja`` path replacing the tokenizer's (must be prefix-preserving). ``call_tool``
+    runs one call under a timeout (default :func:`grouprl.envs.base.call_with_timeout`). After ``run``,
+    ``last_stats`` holds the round's :class:`grouprl.rollout.schedule.RoundStats`.
     """
 
-    def __init__(self, tokenizer: Any, generate_fn: GenerateFn, params: MultiTurnParams | None = None, *,
+    def __init__(self, tokenizer: Any, engine: Any, params: MultiTurnParams | None = None, *,
                  env_factory: Callable[[], Any] | None = None, chat_template: str | None = None,
                  call_tool: CallToolFn = call_with_timeout) -> None:
-        self.tokenizer, self.generate_fn = tokenizer, generate_fn
+        self.tokenizer, self.engine = tokenizer, as_engine(engine, tokenizer)
         self.params = params or MultiTurnParams()
         self.params.validate()
         self.env_factory, self.call_tool = env_factory, call_tool
         self.chat_template = load_chat_template(chat_template)  # a Jinja string or a .jinja file
         self.stop_ids = set(stop_token_ids(tokenizer))
+        self.last_stats: Any = None
+        # what a job kind runs in the tool pool, and how its result is appended (one entry per Action.kind)
+        self.jobs: dict[str, tuple[Callable, Callable]] = {"tools": (self._run_tools, self._tool_turn)}
 
-    def _start(self, row: dict, group: int) -> _Live:
+    def _start(self, row: dict, group: int, index: int = 0) -> _Live:
         env = as_tool_env(self.env_factory()) if self.env_factory is not None else None
         try:
             observation = env.reset(row) if env is not None else None
@@ -174,7 +216,8 @@ class MultiTurnRollout:
             if env is not None:
                 env.close()
             raise
-        return _Live(Trajectory(prompt_ids=ids, messages=messages, group=group), env, tools, time.monotonic())
+        traj = Trajectory(prompt_ids=ids, messages=messages, group=group, rollout_logp=[])
+        return _Live(traj, env, tools, time.monotonic(), index)
 
     def _finish(self, live: _Live, reason: str) -> None:
         live.done, live.traj.end_reason = True, reason
@@ -189,10 +232,28 @@ class MultiTurnRollout:
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
 
-    def _model_turn(self, live: _Live, sampled: list[int]) -> list | None:
-        """Append one model turn; the parsed tool blocks when the trajectory goes on, else ``None``."""
+    # ---- the state machine: request -> model turn -> next_action -> job -> apply -> request ... ---------
+    def ready(self, live: _Live) -> bool:
+        """Whether ``live`` goes on to a model turn (a trajectory over its time limit ends ``timeout``)."""
+        if not live.done and time.monotonic() - live.start > self.params.trajectory_timeout_s:
+            self._finish(live, "timeout")
+        return not live.done
+
+    def request(self, live: _Live) -> tuple[list[int], int]:
+        """The next model turn's prompt ids and token budget."""
         traj = live.traj
-        traj.append(sampled, sampled=True)
+        return traj.prompt_ids + traj.completion_ids, self.params.max_new_tokens - len(traj.completion_ids)
+
+    def next_action(self, live: _Live, gen: Generation) -> Action | None:
+        """Append one model turn, then decide what comes next: an :class:`Action` (``tools``: run the turn's
+        calls), or ``None`` when the trajectory ended (``max_tokens``, ``answered``, ``max_turns``).
+
+        The one place a trajectory's next step is chosen: another kind of step (an environment answering a
+        free-text turn with a user message, say) is an ``Action`` kind returned here, with its job and its
+        append function registered in ``self.jobs``; the schedulers run any kind the same way."""
+        traj, budget = live.traj, self.params.max_new_tokens - len(live.traj.completion_ids)
+        sampled = list(gen.token_ids)[:budget]
+        traj.append(sampled, sampled=True, logp=None if gen.logprobs is None else list(gen.logprobs)[:len(sampled)])
         traj.num_turns += 1
         text = self.tokenizer.decode(sampled, skip_special_tokens=True)
         traj.messages.append({"role": "assistant", "content": text})
@@ -204,8 +265,19 @@ class MultiTurnRollout:
         elif traj.num_turns >= self.params.max_turns:
             self._finish(live, "max_turns")
         else:
-            return blocks
+            return Action("tools", blocks)
         return None
+
+    def run_job(self, live: _Live, action: Action) -> Any:
+        """Carry out ``action`` (in the tool pool, off the engine thread)."""
+        return self.jobs[action.kind][0](live, action)
+
+    def apply(self, live: _Live, action: Action, result: Any) -> None:
+        """Append what the job returned (or end the trajectory); ``ready`` then says whether it goes on."""
+        self.jobs[action.kind][1](live, result)
+
+    def _run_tools(self, live: _Live, action: Action) -> list[dict]:
+        return _run_calls(live, action.blocks, self.params, self.call_tool)
 
     def _tool_turn(self, live: _Live, records: list[dict]) -> None:
         """Record the calls, then append the tool turn or end the trajectory (see the module docstring)."""
@@ -224,43 +296,31 @@ class MultiTurnRollout:
         traj.append(ids, sampled=False)
         traj.messages.extend(tool_messages)
 
-    def _wait(self, live: _Live, blocks: list, job: Any) -> list[dict]:
-        """The records of one trajectory's calls; all ``timeout`` when a custom ``call_tool`` overran its bound."""
+    def job_bound(self, live: _Live) -> float:
+        """Seconds a job of ``live`` may take before its calls are reported ``timeout`` (a custom
+        ``call_tool`` that overran its own bound)."""
         p = self.params
-        bound = max(0.0, p.trajectory_timeout_s - (time.monotonic() - live.start)) + p.tool_timeout_s + 1.0
-        try:
-            return job.result(timeout=bound)
-        except FutureTimeout:
-            return [{**(call or {"name": None, "arguments": None}), "error": "timeout",
-                     "result": f"error: the tool calls did not return within {bound:.1f} s"} for call, _ in blocks]
+        return max(0.0, p.trajectory_timeout_s - (time.monotonic() - live.start)) + p.tool_timeout_s + 1.0
+
+    def overran(self, action: Action, bound: float) -> list[dict]:
+        return [{**(call or {"name": None, "arguments": None}), "error": "timeout",
+                 "result": f"error: the tool calls did not return within {bound:.1f} s"} for call, _ in action.blocks]
 
     def run(self, rows: list[dict], group_size: int = 1, params: Any = None) -> list[Trajectory]:
         """``len(rows) * group_size`` trajectories, rows ``i*G .. i*G+G-1`` of prompt ``i`` (``group = i``).
 
-        ``params`` (e.g. :class:`grouprl.rollout.base.SamplingParams`) is passed to ``generate_fn`` as is.
+        ``params`` (e.g. :class:`grouprl.rollout.base.SamplingParams`) is passed to the engine as is.
         """
+        from grouprl.rollout.schedule import run_lockstep, run_per_trajectory
+
         p, lives = self.params, []
-        pool = ThreadPoolExecutor(max_workers=p.max_workers, thread_name_prefix="grouprl-tools")
+        pool = ThreadPoolExecutor(max_workers=p.max_concurrent_tools, thread_name_prefix="grouprl-tools")
         try:
-            lives.extend(self._start(row, i) for i, row in enumerate(rows) for _ in range(group_size))
-            for _ in range(p.max_turns):
-                for live in lives:
-                    if not live.done and time.monotonic() - live.start > p.trajectory_timeout_s:
-                        self._finish(live, "timeout")
-                active = [live for live in lives if not live.done]
-                if not active:
-                    break
-                budgets = [p.max_new_tokens - len(live.traj.completion_ids) for live in active]
-                outs = self.generate_fn([live.traj.prompt_ids + live.traj.completion_ids for live in active],
-                                        budgets, params)
-                if len(outs) != len(active):
-                    raise ValueError(f"multi-turn rollout: generate_fn returned {len(outs)} rows for "
-                                     f"{len(active)} prompts; it must return one id list per prompt")
-                pending = [(live, self._model_turn(live, list(out)[:b])) for live, out, b in zip(active, outs, budgets)]
-                pending = [(live, blocks) for live, blocks in pending if blocks is not None]
-                jobs = [pool.submit(_run_calls, live, blocks, p, self.call_tool) for live, blocks in pending]
-                for (live, blocks), job in zip(pending, jobs):
-                    self._tool_turn(live, self._wait(live, blocks, job))
+            for i, row in enumerate(rows):
+                lives.extend(self._start(row, i, len(lives)) for _ in range(group_size))
+            with self.engine.session():
+                scheduler = run_lockstep if p.schedule == "lockstep" else run_per_trajectory
+                self.last_stats = scheduler(self, lives, params, pool)
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
             for live in lives:
@@ -294,55 +354,12 @@ def multiturn_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
 
 def hf_generate_fn(model: Any, tokenizer: Any, stop_ids: list[int] | None = None, *,
                    lean: bool | None = False) -> GenerateFn:
-    """A ``generate_fn`` over a transformers model: one left-padded batched call with a KV cache.
-
-    ``params`` is a :class:`grouprl.rollout.base.SamplingParams` (temperature, top_p, top_k; ``None`` =
-    sampling at temperature 1); its ``max_new_tokens`` is replaced by the largest per-row budget, and each
-    row is cut at its own budget and after its first stop token (the tokenizer's EOS, the model's EOS ids
-    and the template's end-of-turn tokens). ``lean``: sample with :func:`grouprl.rollout.lean.lean_sample`
-    (same tokens / distribution as ``model.generate``, faster on CPU) where it supports the model; ``None`` =
-    on the CPU only, as ``lean_sampler`` in a recipe.
-    """
-    import torch
-
-    from grouprl.rollout.base import SamplingParams
-    from grouprl.rollout.hf import eos_token_ids, generation_config, use_lean_sampler
-    from grouprl.rollout.lean import lean_sample, unsupported_reason
-
-    stops = sorted(set(stop_ids) if stop_ids else set(eos_token_ids(model, tokenizer)) | set(stop_token_ids(tokenizer)))
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-
-    def sample(ids: Any, mask: Any, base: SamplingParams) -> list[list[int]]:
-        if use_lean_sampler(lean, ids.device.type) and unsupported_reason(model) is None:
-            return lean_sample(model, ids, mask, 1, max_new_tokens=base.max_new_tokens, temperature=base.temperature,
-                               top_k=base.top_k, top_p=base.top_p, eos_token_ids=stops, pad_token_id=pad_id).tolist()
-        cfg = generation_config(base, pad_id, stops)
-        was_training = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                out = model.generate(input_ids=ids, attention_mask=mask, generation_config=cfg)
-        finally:
-            model.train(was_training)
-        return out[:, ids.shape[1]:].tolist()
+    """A ``generate_fn`` (sampled id lists) over :class:`grouprl.rollout.engine.TransformersEngine`: one
+    left-padded batched call with a KV cache, each row cut at its own budget and after its first stop token.
+    ``lean``: the lean CPU sampler where it supports the model; ``None`` = on the CPU only."""
+    engine = TransformersEngine(model, tokenizer, lean=lean, stop_ids=stop_ids)
 
     def generate(prompt_id_lists: list[list[int]], max_new_tokens: list[int] | int, params: Any) -> list[list[int]]:
-        n = len(prompt_id_lists)
-        budgets = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        width = max(len(ids) for ids in prompt_id_lists)
-        device = next(model.parameters()).device
-        ids = torch.full((n, width), pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, row in enumerate(prompt_id_lists):
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-        base = params if params is not None else SamplingParams(max_new_tokens=max(budgets))
-        result = []
-        for row, budget in zip(sample(ids.to(device), mask.to(device), replace(base, max_new_tokens=max(budgets))),
-                               budgets):
-            row = row[:budget]
-            end = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
-            result.append(row[:end])
-        return result
+        return [g.token_ids for g in engine.generate(prompt_id_lists, max_new_tokens, params)]
 
     return generate

@@ -41,12 +41,20 @@ class Trajectory:
     env_state: dict = field(default_factory=dict)  # the environment's public counters after the rollout
     completion: str = ""  # decoded completion (special tokens skipped), what the rewards score
 
-    def append(self, ids: list[int], sampled: bool) -> None:
-        """Append ``ids`` with loss mask 1 (``sampled``) or 0 (tool output / template glue)."""
+    def append(self, ids: list[int], sampled: bool, logp: list[float] | None = None) -> None:
+        """Append ``ids`` with loss mask 1 (``sampled``) or 0 (tool output / template glue). ``logp``: the
+        engine's log-prob of each sampled id; a sampled turn without them leaves ``rollout_logp`` None
+        (unknown for the whole trajectory); tool tokens get 0.0."""
         self.completion_ids.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
-        if self.rollout_logp is not None and not sampled:
+        if self.rollout_logp is None:
+            return
+        if not sampled:
             self.rollout_logp.extend([0.0] * len(ids))
+        elif logp is None or len(logp) != len(ids):
+            self.rollout_logp = None
+        else:
+            self.rollout_logp.extend(float(x) for x in logp)
 
     def check(self) -> None:
         """Raise ValueError when the fields disagree (lengths, mask values, end reason)."""

@@ -2,7 +2,7 @@
 
 ``build_agent`` resolves the recipe's names (``tools: [pkg.mod:fn]``, ``environment: calculator``) and the
 Python objects given to ``GRPOTrainer(tools=..., environment_factory=...)`` once, at start-up, before the
-model loads. ``agent_rollout`` runs :class:`grouprl.rollout.multiturn.MultiTurnRollout` on the policy model
+model loads. ``agent_rollout`` runs :class:`grouprl.rollout.multiturn.MultiTurnRollout` on the run's engine
 and returns a :class:`grouprl.rollout.base.Rollout` whose ``loss_mask`` is 0 on tool tokens, so the loss,
 the KL, the entropy, the token counts and the length metrics see model tokens only. ``reward_inputs`` is
 what reward functions receive for trajectories (docs/AGENTS.md, "How rewards see trajectories").
@@ -28,13 +28,16 @@ class Agent:
     trajectory_timeout_s: float
     chat_template: str | None = None
     lean_sampler: bool | None = None  # as the recipe's lean_sampler: None = the lean sampler on CPU
+    max_concurrent_tools: int = 16
+    schedule: str = "per_trajectory"  # agent_schedule
 
     def params(self, max_new_tokens: int) -> Any:
         from grouprl.rollout.multiturn import MultiTurnParams
 
         return MultiTurnParams(max_turns=self.max_turns, max_new_tokens=max_new_tokens,
                                max_tool_failures=self.max_tool_failures, tool_timeout_s=self.tool_timeout_s,
-                               trajectory_timeout_s=self.trajectory_timeout_s)
+                               trajectory_timeout_s=self.trajectory_timeout_s,
+                               max_concurrent_tools=self.max_concurrent_tools, schedule=self.schedule)
 
     def tool_schemas(self) -> list[dict]:
         """The schemas the model is shown (of a fresh environment; a ``{name: Cls}`` factory shows none)."""
@@ -106,13 +109,12 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
                            None if isinstance(env, dict) else _import_name(env))
     if not uses_tools(cfg) and env is None:
         return None
-    if cfg.rollout_backend != "transformers":
-        raise ConfigError(f"rollout_backend={cfg.rollout_backend!r} serves single-turn runs; multi-turn tool "
-                          f"rollouts (tools / environment) generate with the training model. Fix: set "
-                          f"rollout_backend: transformers, or drop tools and environment.")
+    from grouprl.rollout import check_agent_backend
+
+    check_agent_backend(cfg.rollout_backend)  # a text-only plug-in cannot drive token-level turns
     factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
-                 cfg.chat_template, cfg.lean_sampler)
+                 cfg.chat_template, cfg.lean_sampler, cfg.max_concurrent_tools, cfg.agent_schedule)
 
 
 def rollout_rows(rows: list[dict], prompt_column: str, system_prompt: str | None) -> list[dict]:
@@ -128,22 +130,16 @@ def rollout_rows(rows: list[dict], prompt_column: str, system_prompt: str | None
 
 
 def agent_rollout(agent: Agent, model: Any, tokenizer: Any, rows: list[dict], n: int, params: Any, *,
-                  prompt_column: str = "prompt", system_prompt: str | None = None) -> Any:
-    """``n`` multi-turn trajectories per row on ``model``, as a Rollout with ``loss_mask`` and
-    ``trajectories`` (prompts are the rendered first prompt, completions the decoded whole completion)."""
-    from grouprl.rollout.base import Rollout
-    from grouprl.rollout.multiturn import MultiTurnRollout, hf_generate_fn
-    from grouprl.rollout.trajectory import stack_trajectories
+                  prompt_column: str = "prompt", system_prompt: str | None = None, backend: Any = None) -> Any:
+    """``n`` multi-turn trajectories per row on the run's engine (``backend``'s token engine; ``None`` = the
+    transformers engine over ``model``), as a Rollout with ``loss_mask``, ``trajectories`` and, for an engine
+    with its own weights, ``rollout_logp`` (``grouprl.rollout.agent_round``)."""
+    from grouprl.rollout.agent_round import agent_round, engine_for
 
-    runner = MultiTurnRollout(tokenizer, hf_generate_fn(model, tokenizer, lean=agent.lean_sampler),
-                              agent.params(params.max_new_tokens),
-                              env_factory=agent.env_factory, chat_template=agent.chat_template)
-    trajs = runner.run(rollout_rows(rows, prompt_column, system_prompt), n, params)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    b = stack_trajectories(trajs, pad, next(model.parameters()).device)
-    prompts = [tokenizer.decode(t.prompt_ids) for t in trajs]
-    return Rollout(b.prompt_ids, b.prompt_mask, b.completion_ids, b.completion_mask, b.truncated,
-                   [t.completion for t in trajs], prompts, loss_mask=b.loss_mask, trajectories=trajs)
+    engine = engine_for(backend, model, tokenizer, lean=agent.lean_sampler)
+    return agent_round(engine, tokenizer, rollout_rows(rows, prompt_column, system_prompt), n, params,
+                       agent.params(params.max_new_tokens), env_factory=agent.env_factory,
+                       chat_template=agent.chat_template, device=next(model.parameters()).device)
 
 
 def final_answer(traj: Any) -> str:

@@ -62,7 +62,7 @@ def evaluate(backend: Any, tokenizer: Any, rows: list[dict], reward_fn: Any, *, 
             completions = completions_for_rewards(out.completions, prompts)
         else:
             out = agent_rollout(agent, model, tokenizer, chunk, num_samples, params, prompt_column=prompt_column,
-                                system_prompt=system_prompt)
+                                system_prompt=system_prompt, backend=backend)
             texts = out.prompts[::num_samples]
             completions, traj_columns = reward_inputs(out.trajectories, prompts)
             columns.update(traj_columns)

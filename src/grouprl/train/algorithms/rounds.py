@@ -126,7 +126,7 @@ def _sample_and_score_agent(ctx: RunContext, rows: list[dict], params: SamplingP
     cfg, G = ctx.cfg, ctx.cfg.num_generations
     with timers("generate"), generation_context(ctx.autocast):
         rollout = agent_rollout(ctx.agent, ctx.model, ctx.tokenizer, rows, G, params,
-                                prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt)
+                                prompt_column=cfg.prompt_column, system_prompt=cfg.system_prompt, backend=ctx.backend)
     with timers("reward"):
         expanded = [r for r in rows for _ in range(G)]
         prompts = [r[cfg.prompt_column] for r in expanded]
