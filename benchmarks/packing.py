@@ -69,8 +69,8 @@ def worker(spec: dict) -> dict:
     import torch
 
     from grouprl.builtin.tiny import build_tiny_model, build_tokenizer
+    from grouprl.train.engine.logp import AUTO_PACK_RATIO, completion_logps, trim_padding
     from grouprl.train.engine.packing import pack, row_cost
-    from grouprl.train.engine.step import AUTO_PACK_RATIO, completion_logps, trim_padding
 
     torch.set_num_threads(1)
     hidden, layers, T, vocab = SIZES[spec["size"]]
@@ -104,8 +104,8 @@ def default_recipe_case(repeats: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     from grouprl.models import resolve_model_path
+    from grouprl.train.engine.logp import AUTO_PACK_RATIO, completion_logps, trim_padding
     from grouprl.train.engine.packing import pack, row_cost
-    from grouprl.train.engine.step import AUTO_PACK_RATIO, completion_logps, trim_padding
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("builtin:arithmetic"), dtype=torch.float32)

@@ -584,3 +584,16 @@ def test_the_cycle_check_finds_a_made_up_cycle(sources, cycle):
 def test_the_cycle_check_ignores_a_one_way_chain():
     sources = {"a/__init__.py": "from grouprl.a.x import f\n", "a/x.py": "from grouprl.a import y\n", "a/y.py": ""}
     assert _cycles(_file_graph(sources)) == []
+
+
+def test_the_run_lifecycle_imports_no_torch():
+    """run/ (lock, output dir, resume table, signals, report refresh, reward watch, start-up checks) is
+    torch-free at run time too (docs/DESIGN.md, "Layout"): ``grouprl train --dry-run`` decides a run's folder
+    without loading torch for it."""
+    import subprocess
+    import sys
+
+    mods = [f"grouprl.run.{p.stem}" for p in _files("run") if p.stem != "__init__"]
+    code = f"import sys; import {', '.join(mods)}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"

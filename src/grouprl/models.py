@@ -4,19 +4,21 @@ A model is a hub id (``org/name``), a local folder that ``save_pretrained`` wrot
 a registered model source (``MODEL_SOURCES``; the demo package registers ``builtin:``). Everything is
 loaded in fp32 (autocast gives bf16 compute; the trainer keeps fp32 master weights). The checks here run
 before any weights load: a missing folder, a run folder given as a model, an unreachable hub.
-This module sits below train/ and serve/ (docs/DESIGN.md, "Layout"): neither imports the demo models.
+This module sits below train/ and serve/ (docs/DESIGN.md, "Layout"): neither imports the demo models. It
+imports torch only inside the functions that need it, so the torch-free run/ checks can use it.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from grouprl.errors import ConfigError
 from grouprl.registry import MODEL_SOURCES
+
+if TYPE_CHECKING:
+    import torch
 
 SHARDS = "distcp"
 """The folder of an FSDP checkpoint's sharded weights (grouprl.train.parallel.fsdp)."""
@@ -121,6 +123,8 @@ def checkpoint_hint(path: Any) -> str | None:
 
 
 def pick_device(choice: str) -> torch.device:
+    import torch
+
     if choice == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda")
@@ -149,6 +153,7 @@ def load_tokenizer(source: Any, processing_class: Any = None):
 
 def load_model(model: Any, device: torch.device):
     """A hub id / local path / builtin name is loaded in fp32 (autocast gives bf16 compute)."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     if isinstance(model, str):
