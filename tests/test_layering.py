@@ -61,7 +61,8 @@ ALLOWED: dict[str, set[str]] = {
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
                       "serve"},
-    "serve": _MIDDLE | {"train"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
+    "serve": _MIDDLE | {"train", "rollout", "rewards"},  # `grouprl serve`: loads the model as train/ does; the
+    # rollouts' chat template and the tool-call parser, so a served agent sees what it saw in training
     "cli": {ROOT, "errors", "cmd"},
     "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},
