@@ -179,3 +179,13 @@ def test_response_format_through_the_client(client):
     import json
 
     assert 0 <= json.loads(r.choices[0].message.content)["score"] <= 9
+
+
+def test_streaming_with_stop_never_sends_the_stop_string(client):
+    full = greedy(client, max_tokens=24).choices[0].message.content
+    word = next(c for c in full[1:] if c != "\ufffd") + "zz"  # a stop string the reply starts but never completes
+    stop = [full[full.index(word[0]):full.index(word[0]) + 1], word]
+    plain = greedy(client, max_tokens=24, stop=stop).choices[0]
+    chunks = list(greedy(client, max_tokens=24, stop=stop, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == plain.message.content
+    assert chunks[-1].choices[0].finish_reason == plain.finish_reason == "stop"

@@ -92,11 +92,10 @@ class Job:
         self.cancelled.set()
 
 
-def _held(text: str, s: Sampling, final: bool) -> int:
-    """How much of ``text`` may be streamed now: never a partial character, a possible start of a stop
-    string, or anything from the tool-call tag on (those are decided when the row finishes)."""
-    if final:
-        return len(text)
+def _held(text: str, s: Sampling) -> int:
+    """How much of ``text`` may be streamed before the row finishes: never a partial character, a possible
+    start of a stop string, or anything from the tool-call tag on (the server sends the rest at the end,
+    once the reply's content and tool calls are known)."""
     end = len(text)
     if s.hold is not None:
         at = text.find(s.hold)
@@ -368,9 +367,9 @@ class Engine:
                 continue
             if row.logprobs and "_lp" in row.logprobs[-1]:  # a pick that produced no token
                 row.logprobs.pop()
-            if job.stream:
-                upto = _held(row.text, job.sampling, row.finish is not None)
-                if upto > row.emitted or (row.finish is None and len(row.logprobs) > row.lp_emitted and upto == len(row.text)):
+            if job.stream and row.finish is None:
+                upto = _held(row.text, job.sampling)
+                if upto > row.emitted:
                     job.events.put(("delta", row.index, row.text[row.emitted:upto], row.logprobs[row.lp_emitted:]))
                     row.emitted, row.lp_emitted = upto, len(row.logprobs)
             if row.finish is not None:
