@@ -52,14 +52,19 @@ def test_the_official_client_survives_errors_on_its_pooled_connection(client):
         assert ok.usage.completion_tokens == 2
 
 
-def test_a_request_past_the_context_is_refused_naming_the_limit(client, tiny):
-    context = tiny[0].config.max_position_embeddings
+def test_a_request_past_the_context_is_refused_naming_the_limit(served, client, tiny):
+    chat, context = served[0], tiny[0].config.max_position_embeddings
+    words = 1
+    while len(chat.prompt_ids([{"role": "user", "content": "7 " * words}])) < context - 10:
+        words += 1
+    near = [{"role": "user", "content": "7 " * words}]
+    room = context - len(chat.prompt_ids(near))
+    assert client.chat.completions.create(model="tiny", messages=near, max_tokens=room).usage.completion_tokens <= room
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=USER, max_tokens=context)
+        client.chat.completions.create(model="tiny", messages=near, max_tokens=room + 1)
     assert e.value.code == "context_length_exceeded" and f"maximum context length is {context}" in e.value.message
-    long = [{"role": "user", "content": "word " * context}]
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=long, max_tokens=1)
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "7 " * context}], max_tokens=1)
     assert e.value.code == "context_length_exceeded"
 
 

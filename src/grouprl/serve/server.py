@@ -78,8 +78,8 @@ class ChatServer:
     def sampling(self, req: ChatRequest, prompt_len: int) -> Sampling:
         """The decoding of ``req`` within the server's bounds; APIError 400 past the context."""
         room = self.context - prompt_len
-        if req.max_tokens is not None and req.max_tokens > room or room < 1:
-            asked = req.max_tokens if req.max_tokens is not None else 1
+        asked = min(req.max_tokens or 1, self.max_new_tokens)  # the server never writes past its own cap
+        if asked > room or room < 1:
             raise APIError(400, f"This model's maximum context length is {self.context} tokens. However, you requested "
                                 f"{prompt_len + asked} tokens ({prompt_len} in the messages, {asked} in the completion). "
                                 f"Please reduce the length of the messages or completion.", "messages",
