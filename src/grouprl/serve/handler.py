@@ -57,6 +57,12 @@ def make_handler(chat: Any, max_body_bytes: int, socket_timeout_s: float) -> typ
         timeout = socket_timeout_s  # a stalled client is dropped (socket timeout) instead of holding a thread
         protocol_version = "HTTP/1.1"
 
+        def setup(self):
+            super().setup()
+            # headers and body go out as separate writes: without TCP_NODELAY, Nagle's algorithm holds the
+            # body until the client's delayed ACK (tens of milliseconds on every reply)
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
         def log_message(self, fmt, *args):
             log.debug("%s " + fmt, self.address_string(), *args)
 
