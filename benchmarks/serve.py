@@ -143,6 +143,13 @@ def main() -> None:
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
         return
+    try:
+        import fastapi  # noqa: F401
+        import openai  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"benchmarks/serve.py needs the bench extra for `transformers serve` ({e.name} is missing): "
+                         f'pip install -e ".[bench]"') from None
     from grouprl.data.tasks import load_task
 
     model = args.model or default_model()
