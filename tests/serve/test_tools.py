@@ -164,3 +164,14 @@ def test_refusals_for_tools(client):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="tiny", messages=USER, **kw)
         assert e.value.param == param, e.value.message
+
+
+def test_the_end_of_turn_token_finishes_with_stop(tiny):
+    model, tokenizer = tiny
+    policy = Scripted(model, tokenizer, "Answer: 5")
+    with serving(policy, tokenizer) as (chat, url):
+        policy.prompt_len = len(chat.prompt_ids(USER))
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
+        r = client.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=30)
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "Answer: 5"
+    assert r.usage.completion_tokens == len(tokenizer.encode("Answer: 5", add_special_tokens=False))
