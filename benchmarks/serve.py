@@ -4,11 +4,12 @@
     python benchmarks/serve.py --model PATH --requests 48 --out benchmarks/results/serve.json
 
 Both servers run as child processes on the same local model folder (``HF_HUB_OFFLINE=1``, CPU,
-``OMP_NUM_THREADS=1`` each), one after the other, in this one run. Each is driven by the official
+``OMP_NUM_THREADS=1`` each), up at the same time in this one run; each concurrency level runs on one,
+then on the other, ``--repeats`` times (the median is reported, with the range). Each is driven by the official
 ``openai`` client: ``c`` threads share ``--requests`` chat requests (held-out ``builtin:calculator``
 questions, no tools, greedy, ``max_tokens=32``). Output tokens are the ``usage.completion_tokens`` each
-server reports; requests/s and tokens/s are over the wall time of the whole level. A warm-up request
-precedes each server's measurements. ``same_replies`` is the fraction of questions on which the two
+server reports; requests/s and tokens/s are over the wall time of the whole level. Two warm-up
+requests precede each server's measurements. ``same_replies`` is the fraction of questions on which the two
 servers' greedy replies are the same text (same weights, same template: it should be close to 1).
 
 ``transformers serve`` runs with its defaults (``--no-continuous-batching``: its CPU path); its
@@ -91,26 +92,49 @@ def level(client, name: str, questions: list[str], clients: int, max_tokens: int
             [text for text, _, _ in out])
 
 
-def measure(kind: str, model: str, questions: list[str], max_tokens: int, logs: Path) -> tuple[list[dict], list[str]]:
+def measure(model: str, questions: list[str], max_tokens: int, repeats: int, logs: Path) -> tuple[dict, dict]:
+    """Both servers up at once; each level runs on one then the other, ``repeats`` times, so that the two
+    sides of a ratio are measured seconds apart on this shared machine. Per level: the median run, and the
+    range over the repeats."""
+    import statistics
+
     import openai
 
-    proc, base, name = start(kind, model, logs / f"serve_{kind}.log")
+    servers = {}
     try:
-        client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
-        level(client, name, questions[:2], 1, max_tokens)  # warm-up
-        rows, replies = [], []
-        for c in LEVELS:
-            row, texts = level(client, name, questions, c, max_tokens)
-            rows.append(row)
-            replies = replies or texts
-            print(json.dumps({"server": kind, **row}), file=sys.stderr, flush=True)
-        return rows, replies
+        for kind in ("grouprl", "transformers"):
+            proc, base, name = start(kind, model, logs / f"serve_{kind}.log")
+            client = openai.OpenAI(base_url=base, api_key="bench", max_retries=0, timeout=600)
+            servers[kind] = (proc, client, name)
+            level(client, name, questions[:2], 1, max_tokens)  # warm-up
+        runs = {kind: {c: [] for c in LEVELS} for kind in servers}
+        replies = {}
+        for _ in range(repeats):
+            for c in LEVELS:
+                for kind, (_, client, name) in servers.items():
+                    row, texts = level(client, name, questions, c, max_tokens)
+                    runs[kind][c].append(row)
+                    replies.setdefault(kind, texts)
+                    print(json.dumps({"server": kind, **row}), file=sys.stderr, flush=True)
+        out = {}
+        for kind, by_level in runs.items():
+            out[kind] = []
+            for rows in by_level.values():
+                rows = sorted(rows, key=lambda r: r["requests_per_s"])
+                best = dict(rows[len(rows) // 2])
+                for key in ("requests_per_s", "output_tokens_per_s"):
+                    values = [r[key] for r in rows]
+                    best[key] = round(statistics.median(values), 2)
+                    best[key + "_range"] = [min(values), max(values)]
+                out[kind].append(best)
+        return out, replies
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        for proc, _, _ in servers.values():
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 def default_model() -> str:
@@ -123,12 +147,17 @@ def default_model() -> str:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| clients | grouprl req/s | transformers req/s | ratio | grouprl out tok/s | transformers out tok/s | ratio |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| clients | grouprl req/s (range) | transformers req/s (range) | ratio | grouprl out tok/s | "
+             "transformers out tok/s | ratio |", "|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def span(row: dict, key: str) -> str:
+        lo, hi = row.get(key + "_range", [row[key], row[key]])
+        return f"{row[key]} ({lo}-{hi})"
+
     for g, t in zip(result["grouprl"], result["transformers"]):
-        lines.append(f"| {g['clients']} | {g['requests_per_s']} | {t['requests_per_s']} | "
-                     f"{g['requests_per_s'] / t['requests_per_s']:.2f}x | {g['output_tokens_per_s']} | "
-                     f"{t['output_tokens_per_s']} | {g['output_tokens_per_s'] / t['output_tokens_per_s']:.2f}x |")
+        lines.append(f"| {g['clients']} | {span(g, 'requests_per_s')} | {span(t, 'requests_per_s')} | "
+                     f"{g['requests_per_s'] / t['requests_per_s']:.2f}x | {span(g, 'output_tokens_per_s')} | "
+                     f"{span(t, 'output_tokens_per_s')} | {g['output_tokens_per_s'] / t['output_tokens_per_s']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -137,6 +166,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="local model folder (default: the trained calculator agent)")
     ap.add_argument("--requests", type=int, default=48, help="requests per concurrency level")
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each level on each server (median reported)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     ap.add_argument("--markdown", default=None, help="print the table of a saved JSON and exit")
     args = ap.parse_args()
@@ -156,11 +186,11 @@ def main() -> None:
     questions = [row["prompt"][0]["content"] for row in load_task("calculator", "test", n=args.requests)]
     logs = ROOT / "runs"
     logs.mkdir(exist_ok=True)
-    result = {"model": model, "requests_per_level": args.requests, "max_tokens": args.max_tokens,
+    shown = os.path.relpath(model, ROOT) if model.startswith(str(ROOT)) else model
+    result = {"model": shown, "requests_per_level": args.requests, "max_tokens": args.max_tokens, "repeats": args.repeats,
               "cpu_count": os.cpu_count(), "load_average_start": os.getloadavg()[0]}
-    replies = {}
-    for kind in ("grouprl", "transformers"):
-        result[kind], replies[kind] = measure(kind, model, questions, args.max_tokens, logs)
+    runs, replies = measure(model, questions, args.max_tokens, args.repeats, logs)
+    result.update(runs)
     same = sum(a == b for a, b in zip(replies["grouprl"], replies["transformers"]))
     result["same_replies"] = round(same / len(questions), 3)
     result["load_average_end"] = os.getloadavg()[0]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import select
 import socket
 import time
@@ -223,7 +224,7 @@ def make_handler(chat: Any, max_body_bytes: int, socket_timeout_s: float) -> typ
             while time.monotonic() < deadline:
                 try:
                     return job.events.get(timeout=0.1)
-                except Exception:
+                except queue.Empty:
                     if client_gone(self.connection):
                         break
             job.cancel()

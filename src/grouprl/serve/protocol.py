@@ -231,8 +231,8 @@ def parse_request(body: Any, served: str, assistant_turn, max_n: int) -> ChatReq
     unknown = sorted(set(body) - KNOWN)
     if unknown:
         raise _bad(f"unrecognized request argument(s) {unknown}: grouprl serve supports {sorted(KNOWN)}.", unknown[0])
-    for key, neutral in _NEUTRAL.items():
-        if body.get(key) not in (None, neutral, {}) and body.get(key) != neutral:
+    for key, neutral in _NEUTRAL.items():  # accepted only with the value that changes nothing
+        if body.get(key) is not None and body[key] != neutral and body[key] != {}:
             raise _bad(f"{key}={body[key]!r} is not supported by grouprl serve (only {neutral!r}).", key)
     model = body.get("model")
     if not isinstance(model, str) or not model:

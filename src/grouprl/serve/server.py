@@ -25,6 +25,7 @@ always parses. docs/SERVING.md has the whole surface.
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -115,7 +116,7 @@ class ChatServer:
         while time.monotonic() < deadline:
             try:
                 event = job.events.get(timeout=0.1)
-            except Exception:
+            except queue.Empty:
                 if gone():
                     job.cancel()
                     return []
