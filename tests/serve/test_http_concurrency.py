@@ -146,3 +146,18 @@ def test_oversized_and_malformed_bodies(served):
     bad = httpx2.post(url, content=b"{not json", timeout=10, headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
     assert httpx2.put(url, content=b"{}", timeout=10).status_code == 405
+
+
+def test_a_model_whose_cache_cannot_be_merged_queues_new_requests_until_the_batch_drains(tiny):
+    """Sliding-window cache layers cannot be left-padded and merged: requests then join between batches."""
+    with serving(*tiny) as (chat, url):
+        chat.engine._mergeable = False
+        client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=120)
+
+        def ask(i: int) -> str:
+            return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"q {i}"}],
+                                                  temperature=0, max_tokens=8 + 8 * i).choices[0].message.content
+
+        alone = [ask(i) for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(ask, range(4))) == alone

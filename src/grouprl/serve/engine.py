@@ -209,6 +209,7 @@ class Engine:
             mask[i, width - len(job.prompt_ids):] = 1
         mask = mask.to(self.device)
         logits, cache = self._forward(ids.to(self.device), mask, DynamicCache())
+        self.can_merge(cache)  # decided on the first prefill: _take admits into a running batch only if True
         order = [i for i, job in enumerate(jobs) for _ in range(job.n)]
         if order != list(range(len(jobs))):
             cache.batch_select_indices(torch.tensor(order, device=self.device))
