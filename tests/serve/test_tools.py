@@ -175,3 +175,12 @@ def test_the_end_of_turn_token_finishes_with_stop(tiny):
         r = client.chat.completions.create(model="tiny", messages=USER, temperature=0, max_tokens=30)
     assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == "Answer: 5"
     assert r.usage.completion_tokens == len(tokenizer.encode("Answer: 5", add_special_tokens=False))
+
+
+def test_a_streamed_required_call_arrives_as_tool_calls_only(client):
+    chunks = list(client.chat.completions.create(model="tiny", messages=USER, tools=[CALC], tool_choice="required",
+                                                 temperature=0, max_tokens=64, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == ""
+    (call,) = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    assert call.function.name == "calculator" and "expression" in json.loads(call.function.arguments)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -94,6 +94,7 @@ class ChatServer:
         elif req.tools:
             named = choice["function"]["name"] if isinstance(choice, dict) else None
             grammar = call_grammar([t for t in req.tools if named in (None, t["function"]["name"])])
+            hold = TOOL_OPEN  # the block is sent as tool_calls, never streamed as content
         budget = min(req.max_tokens or self.max_new_tokens, self.max_new_tokens, room)
         if grammar is not None:
             shortest = grammar.remaining("") or 0
