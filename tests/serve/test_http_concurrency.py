@@ -9,8 +9,7 @@ import time
 
 import openai
 import pytest
-
-from conftest import serving
+from serve_helpers import serving
 
 USER = [{"role": "user", "content": "What is 2 + 3?"}]
 

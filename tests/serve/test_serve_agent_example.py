@@ -12,9 +12,7 @@ import sys
 
 import openai
 import pytest
-from test_tools import CALC, Scripted
-
-from conftest import serving
+from serve_helpers import CALC, Scripted, serving
 
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "serve_agent.py"
 

@@ -7,37 +7,11 @@ import json
 
 import openai
 import pytest
-import torch
-
-from conftest import serving
+from serve_helpers import CALC, Scripted, serving
 
 USER = [{"role": "user", "content": "What is 4817 * 36 + 529?"}]
-CALC = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
 WEATHER = {"type": "function", "function": {
     "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}}}}
-
-
-class Scripted(torch.nn.Module):
-    """The tiny model with one reply forced after a given prompt length (a scripted policy): its logits
-    get a large bonus on the script's next token, so the server's real decode loop writes the script."""
-
-    def __init__(self, model, tokenizer, script: str) -> None:
-        super().__init__()
-        self.inner, self.config = model, model.config
-        self.script = tokenizer.encode(script, add_special_tokens=False) + [tokenizer.eos_token_id]
-        self.prompt_len = None
-
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, use_cache=None,
-                logits_to_keep=0):
-        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         use_cache=use_cache, logits_to_keep=logits_to_keep)
-        done = attention_mask.sum(-1) - self.prompt_len  # tokens generated so far, per row
-        for i, k in enumerate(done.tolist()):
-            if 0 <= k < len(self.script):
-                out.logits[i, -1, self.script[k]] += 1e4
-        return out
 
 
 @pytest.fixture(scope="module")
