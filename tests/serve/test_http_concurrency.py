@@ -34,7 +34,8 @@ def test_a_404_with_a_body_keeps_the_connection_usable(served):
     port = int(served[1].rsplit(":", 1)[1].split("/")[0])
     with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         s.sendall(_raw(port, "POST", "/v1/nope", {"model": "tiny", "messages": USER, "padding": "x" * 500}))
-        s.sendall(_raw(port, "POST", "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 2}))
+        s.sendall(_raw(port, "POST", "/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 2,
+                                                                "temperature": 0}))
         f = s.makefile("rb")
         first, second = _read_response(f), _read_response(f)
     assert first[0] == 404 and first[1]["error"]["code"] == "not_found"
@@ -47,7 +48,7 @@ def test_the_official_client_survives_errors_on_its_pooled_connection(client):
             client.post("/nope", body={"model": "tiny", "messages": USER}, cast_to=object)
         with pytest.raises(openai.BadRequestError):
             client.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
-        ok = client.chat.completions.create(model="tiny", messages=USER, max_tokens=2)
+        ok = client.chat.completions.create(model="tiny", messages=USER, max_tokens=2, temperature=0)
         assert ok.usage.completion_tokens == 2
 
 
@@ -108,7 +109,8 @@ def test_a_client_that_disconnects_frees_its_slot(tiny):
         assert _wait_until(lambda: chat.engine.stats["cancelled"] == 1 and not chat.engine._rows)
         # the single row is free again: the next request is answered at once
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
-        assert client.chat.completions.create(model="tiny", messages=USER, max_tokens=3).usage.completion_tokens == 3
+        assert client.chat.completions.create(model="tiny", messages=USER, max_tokens=3,
+                                              temperature=0).usage.completion_tokens == 3
         stream = client.chat.completions.create(model="tiny", messages=USER, max_tokens=400, stream=True,
                                                 temperature=0)
         next(iter(stream))
