@@ -64,7 +64,8 @@ ALLOWED: dict[str, set[str]] = {
     "train": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "run", "models"},
     "cmd": _MIDDLE | {"config", "builtins", "rollout", "envs", "data", "rewards", "sandbox", "report", "train",
                       "serve", "run", "models"},
-    "serve": _MIDDLE | {"models"},  # `grouprl serve`: a local chat endpoint, loading the model as train/ does
+    "serve": _MIDDLE | {"models", "rollout", "rewards"},  # `grouprl serve`: loads the model through grouprl.models;
+    # the rollouts' chat template and the tool-call parser, so a served agent sees what it saw in training
     "cli": {ROOT, "errors", "cmd"},
     "__main__": {"cli"},  # python -m grouprl (accelerate launch -m grouprl train ...)
     ROOT: {"algo", "rewards", "config", "train"},

@@ -137,18 +137,19 @@ def test_the_endpoint_honours_response_format(tiny_model_dir):
     from grouprl.serve.server import ChatServer, make_server
 
     chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
-                      max_new_tokens=48, max_time_s=20)
+                      name="tiny", max_new_tokens=48, max_time_s=20)
     server = make_server(chat, "127.0.0.1", 0, socket_timeout_s=5)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}/v1"
     try:
         r = httpx2.post(f"{url}/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "response_format": _fmt(GROUP4)})
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "response_format": _fmt(GROUP4)})
         assert r.status_code == 200
         assert len(json.loads(r.json()["choices"][0]["message"]["content"])["scores"]) == 4  # not cut at 2 tokens
         bad = httpx2.post(f"{url}/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "grammar"}})
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "grammar"}})
         assert bad.status_code == 400 and "grammar" in bad.json()["error"]["message"]
         # the judge asks for its schema, so every score of a random model parses (group and pointwise)
         for mode in ("group", "pointwise"):

@@ -1,8 +1,11 @@
 """``grouprl serve MODEL_OR_PATH [--port 8000] [--host 127.0.0.1]``: an OpenAI-compatible chat endpoint
-over a local model, e.g. a judge for the ``judge`` reward that needs no network::
+over a local model -- a trained agent for the official ``openai`` client (docs/SERVING.md), or a judge
+for the ``judge`` reward that needs no network::
 
-    grouprl serve builtin:arithmetic --port 8000 &
+    grouprl serve builtin:judge --name judge --port 8000 &
     # recipe: reward_kwargs: {judge: {base_url: "http://127.0.0.1:8000/v1", model: judge}}
+
+Requests must name the served model (``--name``, default MODEL); any other name is a 404.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or mps")
     p.add_argument("--max-new-tokens", type=int, default=256, help="cap on tokens generated per request")
     p.add_argument("--max-time", type=float, default=60.0, help="cap on seconds of generation per request")
+    p.add_argument("--max-batch", type=int, default=32,
+                   help="rows decoded together (a request with n choices takes n); more requests wait for a free row")
+    p.add_argument("--queue-timeout", type=float, default=120.0,
+                   help="seconds a request may wait for a free row before HTTP 503")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get HTTP 413")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a client may stall mid-request")
     p.add_argument("--parent-pid", type=int, default=None,
@@ -29,10 +36,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
+    from grouprl.errors import ConfigError
     from grouprl.serve.server import load_chat_server, make_server
 
+    if args.max_batch < 1 or args.queue_timeout <= 0 or args.max_new_tokens < 1 or args.max_time <= 0:
+        raise ConfigError(f"serve: --max-batch={args.max_batch}, --queue-timeout={args.queue_timeout:g}, --max-new-tokens="
+                          f"{args.max_new_tokens} and --max-time={args.max_time:g} must all be positive.")
     chat = load_chat_server(args.model, device=args.device, name=args.name, max_new_tokens=args.max_new_tokens,
-                            max_time_s=args.max_time)
+                            max_time_s=args.max_time, max_batch=args.max_batch,
+                            queue_timeout_s=args.queue_timeout)
     server = make_server(chat, args.host, args.port, max_body_bytes=args.max_body_bytes,
                          socket_timeout_s=args.timeout)
     host, port = server.server_address[:2]
@@ -48,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.server_close()
+        chat.close()
     return 0
 
 

@@ -1,10 +1,11 @@
-"""``grouprl serve``: a small OpenAI-compatible chat endpoint over a local Hugging Face causal LM.
+"""``grouprl serve``: an OpenAI-compatible chat endpoint over a local Hugging Face causal LM.
 
-It exists so that an LLM judge (``grouprl.rewards.judge``) can be a local model and a whole run works
-offline; it is not a production inference server (one request generates at a time -- use vLLM's
-``vllm serve`` for throughput). It honours OpenAI's ``response_format`` by constrained decoding
-(:mod:`grouprl.serve.grammar`, :mod:`grouprl.serve.constrained`), so a judge's reply always parses.
-See :mod:`grouprl.serve.server`.
+It deploys a trained agent for the official ``openai`` client (streaming, ``n``, ``stop``, seeds,
+log-probs, tool calls parsed as in the rollouts; docs/SERVING.md) and lets an LLM judge
+(``grouprl.rewards.judge``) be a local model, so a whole run works offline. Simultaneous requests
+decode in one batch (:mod:`grouprl.serve.engine`); for large models and high throughput use vLLM's
+``vllm serve``. ``response_format`` is honoured by constrained decoding (:mod:`grouprl.serve.grammar`,
+:mod:`grouprl.serve.constrained`), so a judge's reply always parses. See :mod:`grouprl.serve.server`.
 """
 
 from __future__ import annotations

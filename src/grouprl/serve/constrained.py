@@ -48,8 +48,8 @@ def _allowed(grammar: Grammar, text: str, piece: str, first: set[str], budget: i
     return rest is not None and rest <= budget
 
 
-def _pick(logits: torch.Tensor, grammar: Grammar, text: str, vocab: TokenTexts, temperature: float,
-          generator: torch.Generator | None, max_tries: int, budget: int) -> int | None:
+def pick_constrained(logits: torch.Tensor, grammar: Grammar, text: str, vocab: TokenTexts, temperature: float,
+                     generator: torch.Generator | None, *, budget: int, max_tries: int = 32) -> int | None:
     """One allowed token id (greedy or sampled from the restricted distribution); None when none is.
     ``budget``: tokens left after this one; a token is allowed only if the JSON can still be completed in
     that many (one character per token at worst: byte-level vocabularies hold every printable character)."""
@@ -71,6 +71,8 @@ def _pick(logits: torch.Tensor, grammar: Grammar, text: str, vocab: TokenTexts, 
     if not ok:
         return None
     sub = logits[ok]
+    if not torch.isfinite(sub).any():  # top_p left none of the allowed tokens: choose among them as they are
+        sub = torch.zeros(len(ok))
     if temperature > 0:
         return ok[int(torch.multinomial(torch.softmax(sub / temperature, dim=-1), 1, generator=generator))]
     return ok[int(torch.argmax(sub))]
@@ -92,8 +94,8 @@ def constrained_generate(model: Any, prompt_ids: list[int], grammar: Grammar, vo
     while n < max_new_tokens and not grammar.complete(text) and time.monotonic() < deadline:
         out = model(input_ids=input_ids, use_cache=True, **({cache_arg: past} if past is not None else {}))
         past = getattr(out, "cache", None) or out.past_key_values
-        token = _pick(out.logits[0, -1].float().cpu(), grammar, text, vocab, temperature, generator, max_tries,
-                      budget=max_new_tokens - n - 1)
+        token = pick_constrained(out.logits[0, -1].float().cpu(), grammar, text, vocab, temperature, generator,
+                                 budget=max_new_tokens - n - 1, max_tries=max_tries)
         if token is None:
             break
         text += vocab.texts[token]

@@ -1,162 +1,160 @@
-"""A bounded OpenAI-compatible ``/v1/chat/completions`` endpoint over a local causal LM (stdlib http.server).
+"""``grouprl serve``: an OpenAI-compatible ``/v1/chat/completions`` endpoint over a local causal LM.
 
-Hand-written because the job is small and every piece of it is a bound we want to state: a request body
-over ``max_body_bytes`` is refused with 413 before it is read, a client that stalls mid-request is cut off
-after ``socket_timeout_s``, generation stops after ``max_new_tokens`` or ``max_time_s`` seconds
-(``generate(max_time=...)``), and requests queue for the model for at most ``queue_timeout_s`` before a
-503. A web framework would add a dependency without removing any of these decisions.
+The HTTP layer is the standard library's ``ThreadingHTTPServer`` (one thread per connection, HTTP/1.1
+keep-alive), not FastAPI + uvicorn as ``transformers serve`` uses: the endpoint is three routes and a
+stream, and the judge reward (``judge: {serve: MODEL}``) starts it as a child process of every run,
+where a web framework would add four dependencies to the core install without removing any of the
+decisions written here. The bounds are the server's own: a body over ``max_body_bytes`` is refused
+with 413 (the connection is then closed, since the body is not read); every other answer, a 404
+included, is sent only after the body has been read, so the next request on a pooled connection starts
+where it should; a client that stalls mid-request is cut off after ``socket_timeout_s``; a request
+waits at most ``queue_timeout_s`` for a free row (then 503) and generates at most ``max_new_tokens``
+tokens or ``max_time_s`` seconds (then ``finish_reason="length"``).
 
-Endpoints: ``POST /v1/chat/completions`` (``messages``, ``max_tokens``, ``temperature``, ``response_format``;
-``model`` is echoed, not checked), ``GET /v1/models``, ``GET /health``. ``response_format`` (OpenAI's
-``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {"schema": ...}}``) is enforced by
-constrained decoding (:mod:`grouprl.serve.constrained`): the reply is always JSON of the schema, and its
-values are the model's own choice among the allowed tokens. A structured reply ends when its JSON is
-complete, so ``max_tokens`` does not cut it short (the server's ``max_new_tokens`` still bounds it). Messages go through the tokenizer's chat
-template when it has one, else through a plain ``role: content`` transcript.
+Generation is :class:`grouprl.serve.engine.Engine` (simultaneous requests decode in one batch); the
+request is checked by :mod:`grouprl.serve.protocol` (fields honoured or refused with OpenAI's error
+object) and tool calls go through :mod:`grouprl.serve.tools` (the rollouts' parser and message shape).
+A client that disconnects -- noticed while it waits, or when a stream write fails -- frees its rows at
+the next decode step. Messages go through the tokenizer's chat template (the tools too, as in a
+rollout: :func:`grouprl.rollout.chat.prompt_ids`), else through a plain ``role: content`` transcript.
+``response_format`` is enforced by constrained decoding (:mod:`grouprl.serve.constrained`); a
+``max_tokens`` below what the schema's shortest JSON needs is raised to it, so a structured reply
+always parses. docs/SERVING.md has the whole surface.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
+import queue
 import time
-import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
-import torch
-
 from grouprl.errors import ConfigError
-from grouprl.serve.constrained import TokenTexts, constrained_generate
-from grouprl.serve.grammar import grammar_for
+from grouprl.rewards._text import TOOL_CLOSE, TOOL_OPEN
+from grouprl.rollout.chat import prompt_ids as template_prompt_ids
+from grouprl.rollout.chat import stop_token_ids
+from grouprl.serve.engine import Engine, Job, Row, Sampling
+from grouprl.serve.handler import make_handler
+from grouprl.serve.protocol import APIError, ChatRequest
+from grouprl.serve.tools import TurnMemory, assistant_turn, call_grammar, extract_calls
 
 log = logging.getLogger("grouprl.serve")
 
 
 class ChatServer:
-    """The model side: messages in, reply text out, one generation at a time."""
+    """The model side: checked requests in, :class:`~grouprl.serve.engine.Job` s out."""
 
     def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", max_new_tokens: int = 256,
-                 max_time_s: float = 60.0, max_prompt_tokens: int = 4096, queue_timeout_s: float = 120.0) -> None:
+                 max_time_s: float = 60.0, max_prompt_tokens: int | None = None, queue_timeout_s: float = 120.0,
+                 max_batch: int = 32) -> None:
         self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
         self.max_new_tokens, self.max_time_s = int(max_new_tokens), float(max_time_s)
-        self.max_prompt_tokens, self.queue_timeout_s = int(max_prompt_tokens), float(queue_timeout_s)
-        self._lock = threading.Lock()
-        self._vocab = None
+        self.queue_timeout_s, self.max_batch = float(queue_timeout_s), int(max_batch)
+        limit = getattr(model.config, "max_position_embeddings", None) or 1 << 30
+        self.context = min(int(limit), int(max_prompt_tokens) + self.max_new_tokens) if max_prompt_tokens else int(limit)
         self.fingerprint = name  # what identifies the weights (GET /health); load_chat_server sets it
+        self.memory = TurnMemory()
+        self.renders_calls = "tool_calls" in str(getattr(tokenizer, "chat_template", "") or "")
+        self.engine = Engine(model, tokenizer, stop_token_ids(tokenizer) if tokenizer.eos_token else [],
+                             max_batch=max_batch, queue_timeout_s=queue_timeout_s)
 
-    def prompt_ids(self, messages: list[dict]) -> list[int]:
+    def close(self) -> None:
+        self.engine.close()
+
+    def assistant_turn(self, content: str, calls: list[dict]) -> dict:
+        return assistant_turn(content, calls, self.memory, self.renders_calls)
+
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
-        else:
-            text = "".join(f"{m.get('role', 'user')}: {m.get('content', '')}\n" for m in messages) + "assistant:"
-            ids = tok(text)["input_ids"]
-        return list(ids)[-self.max_prompt_tokens:]
+            try:
+                return template_prompt_ids(tok, messages, tools or None)
+            except Exception as e:  # a template that rejects these messages is the request's problem
+                raise APIError(400, f"the model's chat template failed on these messages: {type(e).__name__}: {e}",
+                               "messages") from None
+        text = "".join(f"{m['role']}: {m.get('content', '')}\n" for m in messages) + "assistant:"
+        return list(tok(text)["input_ids"])
+
+    def sampling(self, req: ChatRequest, prompt_len: int) -> Sampling:
+        """The decoding of ``req`` within the server's bounds; APIError 400 past the context."""
+        room = self.context - prompt_len
+        asked = min(req.max_tokens or 1, self.max_new_tokens)  # the server never writes past its own cap
+        if asked > room or room < 1:
+            raise APIError(400, f"This model's maximum context length is {self.context} tokens. However, you requested "
+                                f"{prompt_len + asked} tokens ({prompt_len} in the messages, {asked} in the completion). "
+                                f"Please reduce the length of the messages or completion.", "messages",
+                           "context_length_exceeded")
+        grammar, ban, hold, end_after = req.grammar, None, None, None
+        choice = req.tool_choice
+        if req.tools and choice == "none":
+            ban = TOOL_OPEN
+        elif req.tools and choice == "auto":
+            hold, end_after = TOOL_OPEN, (None if req.parallel_tool_calls else TOOL_CLOSE)
+        elif req.tools:
+            named = choice["function"]["name"] if isinstance(choice, dict) else None
+            grammar = call_grammar([t for t in req.tools if named in (None, t["function"]["name"])])
+            hold = TOOL_OPEN  # the block is sent as tool_calls, never streamed as content
+        budget = min(req.max_tokens or self.max_new_tokens, self.max_new_tokens, room)
+        if grammar is not None:
+            shortest = grammar.remaining("") or 0
+            if shortest > min(self.max_new_tokens, room):
+                raise APIError(400, f"max_new_tokens={self.max_new_tokens} of this server (or the context left) cannot "
+                                    f"hold the shortest reply the constraint allows ({shortest} characters); restart "
+                                    f"grouprl serve with a larger --max-new-tokens.", "response_format")
+            budget = max(budget, shortest)
+        return Sampling(max_new_tokens=budget, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                        stop=req.stop, logprobs=req.logprobs, top_logprobs=req.top_logprobs, grammar=grammar, ban=ban,
+                        hold=hold, end_after=end_after, max_time_s=self.max_time_s)
+
+    def submit(self, req: ChatRequest) -> Job:
+        ids = self.prompt_ids(req.messages, req.tools)
+        return self.engine.submit(Job(ids, req.n, self.sampling(req, len(ids)), stream=req.stream))
+
+    def wait(self, job: Job, gone=lambda: False) -> list[Row]:
+        """The finished rows of ``job``; cancels it when ``gone()`` says the client left (then ``[]``)."""
+        deadline = time.monotonic() + self.queue_timeout_s + self.max_time_s + 30.0
+        while time.monotonic() < deadline:
+            try:
+                event = job.events.get(timeout=0.1)
+            except queue.Empty:
+                if gone():
+                    job.cancel()
+                    return []
+                continue
+            if event[0] == "error":
+                raise APIError(event[1], event[2], kind="server_error" if event[1] >= 500 else "invalid_request_error")
+            if event[0] == "end":
+                return job.rows
+        job.cancel()
+        raise APIError(504, "generation did not finish within its bound", kind="server_error")
+
+    def result(self, req: ChatRequest, row: Row) -> tuple[dict, str]:
+        """``(message, finish_reason)`` of one finished row."""
+        content, calls = row.text, []
+        if req.tools and req.tool_choice != "none":
+            content, calls = extract_calls(row.text)
+            if calls:
+                self.memory.remember(calls, row.text)
+        message = {"role": "assistant", "content": content, "refusal": None}
+        if calls:
+            message["tool_calls"] = calls
+        return message, ("tool_calls" if calls else row.finish or "stop")
 
     def complete(self, messages: list[dict], max_tokens: int | None = None, temperature: float = 0.0,
                  response_format: dict | None = None) -> tuple[str, int, int]:
-        """``(text, prompt tokens, completion tokens)``; TimeoutError when the model stays busy too long,
-        ValueError for a ``response_format`` it cannot enforce."""
-        grammar = grammar_for(response_format)
-        if grammar is not None and grammar.remaining("") > self.max_new_tokens:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens} of this server cannot hold the shortest JSON of "
-                             f"the response_format schema ({grammar.remaining('')} characters); restart grouprl serve "
-                             f"with a larger --max-new-tokens.")
-        ids = self.prompt_ids(messages)
-        new = min(int(max_tokens or self.max_new_tokens), self.max_new_tokens)
-        if not self._lock.acquire(timeout=self.queue_timeout_s):
-            raise TimeoutError(f"the model was busy for {self.queue_timeout_s:g}s")
+        """``(text, prompt tokens, completion tokens)`` of one reply, for in-process callers.
+        ValueError for a ``response_format`` it cannot enforce, TimeoutError when the server stays busy."""
+        from grouprl.serve.grammar import grammar_for
+
+        req = ChatRequest(model=self.name, messages=messages, max_tokens=max_tokens, temperature=float(temperature),
+                          grammar=grammar_for(response_format), tool_choice="none")
         try:
-            if grammar is not None:
-                if self._vocab is None:
-                    self._vocab = TokenTexts(self.tokenizer)
-                text, n = constrained_generate(self.model, ids, grammar, self._vocab, temperature=float(temperature),
-                                               max_new_tokens=self.max_new_tokens, max_time_s=self.max_time_s)
-                return text, len(ids), n
-            device = next(self.model.parameters()).device
-            input_ids = torch.tensor([ids], device=device)
-            sample = float(temperature) > 0
-            with torch.no_grad():
-                out = self.model.generate(
-                    input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max(1, new),
-                    do_sample=sample, temperature=float(temperature) if sample else None, top_p=None, top_k=None,
-                    max_time=self.max_time_s, pad_token_id=self.tokenizer.pad_token_id)
-        finally:
-            self._lock.release()
-        completion = out[0, len(ids):].tolist()
-        text = self.tokenizer.decode(completion, skip_special_tokens=True)
-        return text, len(ids), len(completion)
-
-
-def _handler(chat: ChatServer, max_body_bytes: int, socket_timeout_s: float):
-    class Handler(BaseHTTPRequestHandler):
-        timeout = socket_timeout_s  # a stalled client is dropped (socket timeout) instead of holding a thread
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, fmt, *args):
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-        def _send(self, status: int, payload: dict) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def _error(self, status: int, message: str) -> None:
-            self._send(status, {"error": {"message": message, "type": "invalid_request_error", "code": status}})
-
-        def do_GET(self):
-            if self.path.rstrip("/") in ("/health", ""):
-                self._send(200, {"status": "ok", "model": chat.name, "fingerprint": chat.fingerprint})
-            elif self.path.rstrip("/") == "/v1/models":
-                self._send(200, {"object": "list", "data": [{"id": chat.name, "object": "model"}]})
-            else:
-                self._error(404, f"no route {self.path}; POST /v1/chat/completions")
-
-        def do_POST(self):
-            if self.path.rstrip("/") != "/v1/chat/completions":
-                self._error(404, f"no route {self.path}; POST /v1/chat/completions")
-                return
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                self._error(411, "a Content-Length header is required")
-                return
-            if length > max_body_bytes:
-                self.close_connection = True
-                self._error(413, f"request body of {length} bytes is over the limit of {max_body_bytes}")
-                return
-            try:
-                body = json.loads(self.rfile.read(length))
-                messages = body["messages"]
-                if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-                    raise TypeError("messages must be a list of {role, content} objects")
-            except (ValueError, KeyError, TypeError) as e:
-                self._error(400, f"bad request: {type(e).__name__}: {e}")
-                return
-            try:
-                text, n_prompt, n_completion = chat.complete(messages, body.get("max_tokens"),
-                                                             float(body.get("temperature") or 0.0),
-                                                             body.get("response_format"))
-            except TimeoutError as e:
-                self._error(503, str(e))
-                return
-            except ValueError as e:
-                self._error(400, f"bad request: {e}")
-                return
-            self._send(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:12]}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or chat.name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_completion,
-                          "total_tokens": n_prompt + n_completion}})
-
-    return Handler
+            job = self.submit(req)
+            (row,) = self.wait(job)
+        except APIError as e:
+            raise (TimeoutError if e.status >= 500 else ValueError)(e.message) from None
+        return row.text, len(job.prompt_ids), len(row.ids)
 
 
 def make_server(chat: ChatServer, host: str = "127.0.0.1", port: int = 8000, *, max_body_bytes: int = 1 << 20,
@@ -165,7 +163,7 @@ def make_server(chat: ChatServer, host: str = "127.0.0.1", port: int = 8000, *, 
     if max_body_bytes < 1 or socket_timeout_s <= 0:
         raise ConfigError(f"serve: max_body_bytes={max_body_bytes} and socket_timeout_s={socket_timeout_s} "
                           f"must be positive.")
-    server = ThreadingHTTPServer((host, port), _handler(chat, max_body_bytes, socket_timeout_s))
+    server = ThreadingHTTPServer((host, port), make_handler(chat, max_body_bytes, socket_timeout_s))
     server.daemon_threads = True
     return server
 
