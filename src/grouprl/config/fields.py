@@ -253,6 +253,9 @@ class GRPOConfig:
     chat_template: str | None = None
     """A ``.jinja`` file (or a Jinja string) replacing the tokenizer's chat template for multi-turn rollouts;
     it must be prefix-preserving (``grouprl check-template`` tells)."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra variables for the chat template at every rendering (TRL's ``chat_template_kwargs``), e.g.
+    ``{enable_thinking: false}`` for Qwen3; passed to ``tokenizer.apply_chat_template``."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0

@@ -4,7 +4,9 @@ All ``B x G`` trajectories advance together: each turn is one batched ``generate
 trajectories still running, then the tool calls of that turn run in a thread pool (the calls of one
 trajectory in order, trajectories concurrently), each under a timeout. A trajectory ends when
 
-- the model answers without a ``<tool_call>`` block (``answered``),
+- the model answers without a ``<tool_call>`` block (``answered``); with a conversational environment
+  (:mod:`grouprl.envs.conversational`) that turn goes to the environment instead, whose reply is the next
+  user turn, until it says it is done (``env_done``) or its step fails (``env_error``),
 - it has had ``max_turns`` model turns and still calls a tool (``max_turns``; those calls are not run),
 - a model turn hits the token budget, or the next tool turn would not fit (``max_tokens``),
 - its failed tool calls reach ``max_tool_failures`` (``tool_error_budget``),
@@ -105,9 +107,10 @@ def _first_messages(row: dict, observation: str | None) -> list[dict]:
         messages = [dict(m) for m in prompt]
     else:
         raise ValueError(f"multi-turn rollout: row['prompt'] must be a string or a list of messages, got {prompt!r}")
-    if observation:  # what env.reset returned is appended to the last user message
+    if observation:  # what env.reset returned is appended to the last user message (is it, when that is empty)
         last = next(i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user")
-        messages[last] = {**messages[last], "content": f"{messages[last]['content']}\n\n{observation}"}
+        content = messages[last]["content"]
+        messages[last] = {**messages[last], "content": f"{content}\n\n{observation}" if content else observation}
     return messages
 
 
@@ -186,6 +189,7 @@ class MultiTurnRollout:
                             type(live.env).__name__, type(e).__name__, e)
             finally:  # the counters as the reward left them (e.g. code repair's passed / total)
                 live.traj.env_state = public_state(_env_object(live.env))
+                live.traj.environment = getattr(live.env, "instance", None)  # TRL's `environments=` for rewards
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
 
@@ -199,6 +203,8 @@ class MultiTurnRollout:
         blocks = parse_tool_blocks(text)
         if not sampled or sampled[-1] not in self.stop_ids:
             self._finish(live, "max_tokens")
+        elif not blocks and getattr(live.env, "conversational", False):
+            self._env_turn(live, text)
         elif not blocks:
             self._finish(live, "answered")
         elif traj.num_turns >= self.params.max_turns:
@@ -206,6 +212,30 @@ class MultiTurnRollout:
         else:
             return blocks
         return None
+
+    def _env_turn(self, live: _Live, text: str) -> None:
+        """A conversational environment answers a turn without a tool call: its observation is appended as
+        the next user turn (token-exact, loss mask 0, like a tool turn), or the trajectory ends."""
+        from grouprl.envs.conversational import step_with_timeout
+
+        p, traj = self.params, live.traj
+        remaining = p.trajectory_timeout_s - (time.monotonic() - live.start)
+        out, error = step_with_timeout(live.env, text, max(0.0, min(p.tool_timeout_s, remaining)))
+        if error is not None:
+            log.warning("multi-turn rollout: %s %s; the trajectory ends with env_error",
+                        type(_env_object(live.env)).__name__, error)
+            return self._finish(live, "env_error")
+        observation, _, done = out
+        if done:
+            return self._finish(live, "env_done")
+        if traj.num_turns >= p.max_turns:
+            return self._finish(live, "max_turns")
+        user = [{"role": "user", "content": observation or ""}]
+        ids = tool_turn_ids(self.tokenizer, traj.messages, user, live.tools or None, chat_template=self.chat_template)
+        if len(traj.completion_ids) + len(ids) >= p.max_new_tokens:
+            return self._finish(live, "max_tokens")  # rolled back, as a tool turn that would not fit
+        traj.append(ids, sampled=False)
+        traj.messages.extend(user)
 
     def _tool_turn(self, live: _Live, records: list[dict]) -> None:
         """Record the calls, then append the tool turn or end the trajectory (see the module docstring)."""
