@@ -11,9 +11,10 @@ becomes a row:
   (:mod:`grouprl.rewards.reasoning_gym`) rebuilds the entry and calls the task's own ``score_answer``.
 
 Splits: ``train`` is the config as given. Any other split (the held-out one, e.g. ``test``) is the same config
-drawn with ``seed + 1`` (``seed`` defaults to the config's), ``size`` = ``eval_size`` (default 200, a grouprl
-key), with every question that also occurs in the training split removed -- a small task space would
-otherwise repeat training problems in evaluation.
+with ``seed + size`` and ``size = eval_size`` (default 200, a grouprl key): reasoning-gym draws entry ``i``
+from ``Random(seed + i)``, so these are the entries right after the training ones (``seed + 1`` would repeat
+all but one of them). Every question that also occurs in the training split is removed -- a small task
+space repeats problems across draws.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def load_reasoning_gym(name: str, split: str = "train", **kwargs: Any):
     if split == "train":
         return _rows(train, {"name": name, "config": kwargs})
     seed = kwargs.get("seed", train.config.seed)
-    held = {**kwargs, "seed": (seed if seed is not None else 0) + 1, "size": eval_size}
+    held = {**kwargs, "seed": (seed if seed is not None else 0) + len(train), "size": eval_size}
     seen = {entry["question"] for entry in train}
     return _rows(rg.create_dataset(name, **held), {"name": name, "config": held}, skip=seen)
 

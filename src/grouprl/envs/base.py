@@ -317,7 +317,7 @@ def _class_factory(factory: Any, extra: tuple[dict, list[dict]] = ({}, [])) -> C
         if not callable(getattr(cls, "reset", None)):
             raise ConfigError(f"environment_factory {cls.__name__} has no reset() method; TRL's contract needs "
                               f"reset(self, **kwargs) -> str | None, called at the start of each rollout")
-        if not public_methods(cls) and not extra[0]:
+        if not public_methods(cls) and not extra[0] and not is_conversational(cls):
             raise ConfigError(f"environment_factory {cls.__name__} has no public methods, so the model "
                               f"would have no tools; give it methods with type hints and docstrings")
         method_schemas(cls)  # fail at start-up, not at the first rollout

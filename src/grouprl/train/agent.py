@@ -84,8 +84,12 @@ def _import_name(obj: Any) -> str:
 
 
 def _environment_name(env: Any) -> str:
-    """The registry name of a built-in environment class, else ``module:Class``."""
+    """The registry name of a built-in environment class, its ``spec_name`` (an adapter's class, e.g.
+    ``textarena:GuessTheNumber-v0``), else ``module:Class``."""
     from grouprl.registry import ENVIRONMENTS
+
+    if isinstance(getattr(env, "spec_name", None), str):
+        return env.spec_name
 
     for name in ENVIRONMENTS.names():
         if ENVIRONMENTS.get(name) is env:
@@ -145,6 +149,21 @@ def default_reward_funcs(cfg: Any, given: Any, agent: Agent | None) -> Any:
     raise ConfigError(f"no reward source: environment {names} defines no get_reward() and no reward_funcs were "
                       f"given. Fix: pass reward_funcs=[...] (or set reward_funcs in the recipe), or give the "
                       f"environment a get_reward(self) -> float method.")
+
+
+def fill_prompts(ds: Any, prompt_column: str) -> Any:
+    """TRL: with an environment the ``prompt`` column is optional (``reset()`` supplies it): a missing column,
+    or an empty prompt, becomes one empty user message."""
+    empty = [{"role": "user", "content": ""}]
+    if prompt_column not in ds.column_names:
+        return ds.add_column(prompt_column, [empty] * len(ds))
+    prompts = ds[prompt_column]
+    if not any(isinstance(p, str) and not p.strip() for p in prompts):
+        return ds
+    if any(not isinstance(p, str) for p in prompts):  # a mixed column cannot be stored; let check_rows name it
+        return ds
+    filled = [[{"role": "user", "content": p}] if p.strip() else empty for p in prompts]
+    return ds.remove_columns(prompt_column).add_column(prompt_column, filled)
 
 
 def placeholder_dataset(cfg: Any) -> Any:

@@ -135,6 +135,10 @@ class GRPOTrainer:
             return None
         if limit is not None:
             ds = ds.select(range(min(limit, len(ds))))
+        if self.agent is not None and self.agent.env_classes:
+            from grouprl.train.agent import fill_prompts
+
+            ds = fill_prompts(ds, cfg.prompt_column)  # TRL: reset() may supply the prompt
         check_rows(ds, cfg.prompt_column)
         return ds
 
