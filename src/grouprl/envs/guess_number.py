@@ -63,3 +63,15 @@ class GuessNumberEnv:
 
     def get_reward(self) -> float:
         return 1.0 - 0.1 * (self.guesses - 1) if self.solved else 0.0
+
+
+def solved(completion: str, *, env_state: dict | None = None, **meta) -> float | None:
+    """1.0 when the rollout's game was won, else 0.0 (None outside this environment): the solved rate, logged
+    as ``rewards/solved/mean`` by a recipe that gives it weight 0 (recipes/guess_number.yaml).
+
+    >>> solved("7", env_state={"solved": True, "guesses": 3}), solved("7")
+    (1.0, None)
+    """
+    if not env_state or "solved" not in env_state:
+        return None
+    return 1.0 if env_state["solved"] else 0.0
