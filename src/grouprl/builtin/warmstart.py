@@ -108,11 +108,11 @@ WARMSTARTS: dict[str, WarmStart] = {
     "countdown": WarmStart(task="countdown", sft_steps=600),
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
-    # reasoning-gym basic_arithmetic, a + b with 1-2 digit operands (recipes/reasoning_gym.yaml); half the
-    # demonstrations give a wrong answer, so the warm start gets some right and GRPO has mixed groups
+    # reasoning-gym basic_arithmetic, 2-3 one-digit terms with + and - (recipes/reasoning_gym.yaml); every
+    # demonstration is right, but half give the bare number without reasoning-gym's <answer> tag (scored 0)
     "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(
-        min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=["+"], allow_parentheses=False,
-        allow_negation=False), noise=0.5, sft_rows=3000, sft_steps=500),
+        min_terms=2, max_terms=3, min_digits=1, max_digits=1, operators=["+", "-"], allow_parentheses=False,
+        allow_negation=False), direct_fraction=0.5, sft_rows=3000, sft_steps=600),
     # guess-the-number (recipes/guess_number.yaml): 70% of the demonstrated players guess at random, 30% bisect
     "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=2000,
                               sft_steps=300, vocab_size=300),
@@ -180,7 +180,8 @@ def _deterministic_torch(threads: int):
 
 def reasoning_gym_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
     """``(question, "<answer>A</answer>")`` demonstrations of a reasoning-gym task (``task:
-    "reasoning_gym:<name>"``, ``task_kwargs`` its config), ``noise`` of them with a plausible wrong answer;
+    "reasoning_gym:<name>"``, ``task_kwargs`` its config), ``noise`` of them with a plausible wrong answer and
+    ``direct_fraction`` with the bare answer ``A`` (no tag: reasoning-gym's extraction finds no answer there);
     drawn with ``seed = 1000 + spec.seed`` (the recipes train on other seeds)."""
     from grouprl.data.reasoning_gym import load_reasoning_gym
     from grouprl.data.tasks import plausible_wrong_answer
@@ -191,8 +192,10 @@ def reasoning_gym_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], floa
     examples, right = [], 0
     for row in rows:
         wrong = plausible_wrong_answer(row, rng) if rng.random() < spec.noise else None
-        right += wrong is None or wrong == row["answer"]
-        examples.append((row["prompt"], f"<answer>{row['answer'] if wrong is None else wrong}</answer>"))
+        tagged = rng.random() >= spec.direct_fraction
+        right += (wrong is None or wrong == row["answer"]) and tagged
+        text = row["answer"] if wrong is None else wrong
+        examples.append((row["prompt"], f"<answer>{text}</answer>" if tagged else text))
     return examples, right / len(examples)
 
 
