@@ -6,7 +6,7 @@
 Runs ``grouprl train -c recipes/<recipe>.yaml seed=<s>`` once per seed (one after the other, OMP_NUM_THREADS=1),
 then prints one JSON object and writes it to ``benchmarks/results/<recipe>.json``:
 
-- guess_number: the solved rate of the sampled games (``rewards/solved/mean``, T=1, 64 games per step), mean
+- guess_number: the solved rate of the sampled games (``rewards/grouprl.envs.guess_number:solved/mean``, T=1, 64 games per step), mean
   of the first 10 steps -> mean of the last 10 steps, and the curve per 10-step window;
 - reasoning_gym: held-out accuracy (greedy, the recipe's eval split) before -> after, and the curve.
 
@@ -37,7 +37,7 @@ def _windows(values: list[float], size: int = 10) -> list[float]:
 
 def summarize(recipe: str, records: list[dict]) -> dict:
     if recipe == "guess_number":
-        solved = [r["rewards/solved/mean"] for r in records if "rewards/solved/mean" in r]
+        solved = [r["rewards/grouprl.envs.guess_number:solved/mean"] for r in records if "rewards/grouprl.envs.guess_number:solved/mean" in r]
         return {"solved_first10": round(sum(solved[:10]) / 10, 4), "solved_last10": round(sum(solved[-10:]) / 10, 4),
                 "points": round(100 * (sum(solved[-10:]) - sum(solved[:10])) / 10, 1),
                 "solved_per_10_steps": _windows(solved),

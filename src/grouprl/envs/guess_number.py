@@ -67,7 +67,7 @@ class GuessNumberEnv:
 
 def solved(completion: str, *, env_state: dict | None = None, **meta) -> float | None:
     """1.0 when the rollout's game was won, else 0.0 (None outside this environment): the solved rate, logged
-    as ``rewards/solved/mean`` by a recipe that gives it weight 0 (recipes/guess_number.yaml).
+    as ``rewards/grouprl.envs.guess_number:solved/mean`` by a recipe that gives it weight 0 (recipes/guess_number.yaml).
 
     >>> solved("7", env_state={"solved": True, "guesses": 3}), solved("7")
     (1.0, None)

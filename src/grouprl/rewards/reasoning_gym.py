@@ -82,8 +82,7 @@ def extract_answer(completion: str) -> str | None:
 @REWARDS.register("reasoning_gym")
 def reasoning_gym_reward(completion: str, *, answer=None, reasoning_gym: str | dict | None = None,
                          **meta) -> float | None:
-    """reasoning-gym's ``score_answer`` on the extracted answer (0.0 when there is none); None without a
-    ``reasoning_gym`` column.
+    """The task's own score_answer on the extracted answer (0.0 without one, None off reasoning-gym rows).
 
     >>> import json
     >>> ref = json.dumps({"name": "basic_arithmetic", "config": {"size": 2, "seed": 1}, "index": 0})
