@@ -108,14 +108,14 @@ WARMSTARTS: dict[str, WarmStart] = {
     "countdown": WarmStart(task="countdown", sft_steps=600),
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
-    # reasoning-gym basic_arithmetic, 2-3 one-digit terms with + and - (recipes/reasoning_gym.yaml); every
+    # reasoning-gym basic_arithmetic, a op b with one-digit operands and + - * (recipes/reasoning_gym.yaml); every
     # demonstration is right, but half give the bare number without reasoning-gym's <answer> tag (scored 0)
     "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(
-        min_terms=2, max_terms=3, min_digits=1, max_digits=1, operators=["+", "-"], allow_parentheses=False,
+        min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-", "*"], allow_parentheses=False,
         allow_negation=False), direct_fraction=0.5, sft_rows=3000, sft_steps=600),
-    # guess-the-number (recipes/guess_number.yaml): 70% of the demonstrated players guess at random, 30% bisect
-    "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=2000,
-                              sft_steps=300, vocab_size=300),
+    # guess-the-number (recipes/guess_number.yaml): half the demonstrated players guess at random, half bisect
+    "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.5, sft_rows=2000,
+                              sft_steps=600, vocab_size=300),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
                        batch_size=16),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
