@@ -11,8 +11,9 @@ public attributes, so reward functions see them in ``env_state``.
 
 Rows: ``reset(secret=..., **row)`` takes the secret from the row's ``secret`` column, so the ``G`` rollouts
 of a prompt play the same game (GRPO's group baseline compares like with like); without one, a secret is
-drawn from ``seed`` (a row column) or at random. ``builtin:guess_number`` (:mod:`grouprl.data.tasks`) gives
-such rows. The prompt is the row's; with no dataset, ``reset`` returns :data:`PROMPT` as TRL's contract allows.
+drawn from ``seed`` (a row column) or at random. ``recipes/data/guess_number.jsonl`` holds 512 such rows
+(:data:`PROMPT` and a secret). The prompt is the row's; with no dataset (or an empty prompt), ``reset``
+returns :data:`PROMPT`, as TRL's contract allows.
 """
 
 from __future__ import annotations
