@@ -441,7 +441,8 @@ def test_config_package_is_scanned():
 
 # top-level import name -> the distribution that brings it, where the names differ
 IMPORT_TO_DIST = {"yaml": "pyyaml", "huggingface_hub": "huggingface-hub", "math_verify": "math-verify",
-                  "pandas": "datasets"}  # datasets depends on pandas; only the CSV loader uses it directly
+                  "pandas": "datasets",  # datasets depends on pandas; only the CSV loader uses it directly
+                  "openenv": "openenv-core"}
 USED_WITHOUT_IMPORT = {"tensorboard": "torch.utils.tensorboard.SummaryWriter (train/metrics.py) needs it"}
 
 

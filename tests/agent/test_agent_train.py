@@ -115,7 +115,7 @@ def test_plain_tools_and_a_trl_environment_with_its_reward(tmp_path, tiny_model_
     trainer.train()
     rec = read_jsonl(f"{cfg.output_dir}/metrics.jsonl")[0]
     # TRL: total = sum of weighted reward functions + the environment's reward (weights do not apply to it)
-    assert rec["rewards/env/mean"] == 1.0 and rec["rewards/spy/mean"] == 0.5 and rec["reward"] == 2 * 0.5 + 1.0
+    assert rec["rewards/Adder/mean"] == 1.0 and rec["rewards/spy/mean"] == 0.5 and rec["reward"] == 2 * 0.5 + 1.0
     assert cfg.environment == "agent_helpers:Adder"
     # tools=[fn]: a plain function, the recorded name is its import path
     use_script(monkeypatch, ["<tool_call>add(a={a}, b={b})</tool_call>" + E, ANSWER])

@@ -11,6 +11,7 @@ from grouprl.builtins import load_builtins
 from grouprl.envs import (
     CalculatorEnv,
     CodeRepairEnv,
+    GuessNumberEnv,
     SearchEnv,
     make_env_factory,
     resolve_environment,
@@ -55,7 +56,7 @@ def plugin(tmp_path, monkeypatch):
 
 def test_builtin_environments_are_registered():
     assert "environments" in load_builtins()
-    assert {"calculator": CalculatorEnv, "python": CodeRepairEnv, "search": SearchEnv} == {
+    assert {"calculator": CalculatorEnv, "python": CodeRepairEnv, "search": SearchEnv, "guess_number": GuessNumberEnv} == {
         n: ENVIRONMENTS.get(n) for n in ENVIRONMENTS.names()}
     for name in ENVIRONMENTS.names():
         assert resolve_environment(name) is ENVIRONMENTS.get(name)

@@ -35,7 +35,7 @@ def test_resume_drops_the_killed_runs_records_after_the_checkpoint(tmp_path):
 
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
-    assert [(e.step, e.value) for e in events.Scalars("reward")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    assert [(e.step, e.value) for e in events.Scalars("train/reward")] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
 
 
 def test_transformers_bars_are_paused_while_the_live_bar_runs(tmp_path):

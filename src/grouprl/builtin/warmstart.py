@@ -108,6 +108,14 @@ WARMSTARTS: dict[str, WarmStart] = {
     "countdown": WarmStart(task="countdown", sft_steps=600),
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
+    # reasoning-gym basic_arithmetic, a op b with one-digit operands and + - * (recipes/reasoning_gym.yaml); every
+    # demonstration is right, but half give the bare number without reasoning-gym's <answer> tag (scored 0)
+    "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(
+        min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-", "*"], allow_parentheses=False,
+        allow_negation=False), direct_fraction=0.5, sft_rows=3000, sft_steps=600),
+    # guess-the-number (recipes/guess_number.yaml): 70% of the demonstrated players guess at random, 30% bisect
+    "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=2000,
+                              sft_steps=600, vocab_size=300),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
                        batch_size=16),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
@@ -170,9 +178,33 @@ def _deterministic_torch(threads: int):
         torch.use_deterministic_algorithms(old_det)
 
 
+def reasoning_gym_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
+    """``(question, "<answer>A</answer>")`` demonstrations of a reasoning-gym task (``task:
+    "reasoning_gym:<name>"``, ``task_kwargs`` its config), ``noise`` of them with a plausible wrong answer and
+    ``direct_fraction`` with the bare answer ``A`` (no tag: reasoning-gym's extraction finds no answer there);
+    drawn with ``seed = 1000 + spec.seed`` (the recipes train on other seeds)."""
+    from grouprl.data.reasoning_gym import load_reasoning_gym
+    from grouprl.data.tasks import plausible_wrong_answer
+
+    config = {**spec.task_kwargs, "size": spec.sft_rows, "seed": 1000 + spec.seed}
+    rows = load_reasoning_gym(spec.task.split(":", 1)[1], "train", **config)
+    rng = random.Random(f"noise|{spec.seed}")
+    examples, right = [], 0
+    for row in rows:
+        wrong = plausible_wrong_answer(row, rng) if rng.random() < spec.noise else None
+        tagged = rng.random() >= spec.direct_fraction
+        right += (wrong is None or wrong == row["answer"]) and tagged
+        text = row["answer"] if wrong is None else wrong
+        examples.append((row["prompt"], f"<answer>{text}</answer>" if tagged else text))
+    return examples, right / len(examples)
+
+
 def sft_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
     """``(prompt, completion)`` demonstrations and the fraction of them whose answer is right."""
     from grouprl.data.tasks import demonstration, generate_rows, plausible_wrong_answer
+
+    if spec.task.startswith("reasoning_gym:"):
+        return reasoning_gym_examples(spec)
 
     rows = generate_rows(spec.task, "train", n=spec.sft_rows, seed=1000 + spec.seed, **spec.task_kwargs)
     rng = random.Random(f"noise|{spec.seed}")
@@ -224,6 +256,8 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     with _deterministic_torch(spec.threads):
         if spec.environment:
             tok = _demos(spec.environment).demo_tokenizer(spec)
+        elif spec.task.startswith("reasoning_gym:"):  # the tokenizer learns the demonstrations' own text
+            tok = build_tokenizer([p + c for p, c in reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
         else:
             tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
         model = build_tiny_model(
@@ -262,9 +296,9 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
 
 def _demos(environment: str):
     """The module that builds the chat demonstrations (``demo_tokenizer``, ``demo_examples``) of ``environment``."""
-    from grouprl.builtin import agent_demos, judge_demo, search_demo
+    from grouprl.builtin import agent_demos, game_demo, judge_demo, search_demo
 
-    modules = {"calculator": agent_demos, "judge": judge_demo, "search": search_demo}
+    modules = {"calculator": agent_demos, "judge": judge_demo, "search": search_demo, "guess_number": game_demo}
     if environment not in modules:
         raise ValueError(f"WarmStart.environment={environment!r}: known demonstrations: {', '.join(modules)}")
     return modules[environment]

@@ -115,6 +115,9 @@ def evaluate_checkpoint(cfg, checkpoint: str | None, *, temperature: float, num_
     else:
         model = load_model(source, device)
         tokenizer = load_tokenizer(resolve_model_path(source))
+    from grouprl.data.load import with_chat_template_kwargs
+
+    tokenizer = with_chat_template_kwargs(tokenizer, cfg.chat_template_kwargs)  # as the trainer renders prompts
     reward_fn = resolve_reward_funcs([cfg.eval_reward], cfg.reward_kwargs)[0]
     rows = [rows_ds[i] for i in range(len(rows_ds))]
     # the same function the trainer logs eval/* with, so this reproduces the logged numbers

@@ -30,9 +30,11 @@ def check_agent_fields(cfg: Any) -> None:
             raise ConfigError(f"tools entry {spec!r} must look like 'package.module:function' (one colon between "
                               f"the module and the function's name).")
     env = cfg.environment
-    if isinstance(env, str) and (not env.strip() or env.count(":") > 1 or env.startswith(":") or env.endswith(":")):
-        raise ConfigError(f"environment={env!r} must be a built-in name (calculator, python, search) or "
-                          f"'package.module:ClassName'.")
+    adapter = isinstance(env, str) and env.startswith(("textarena:", "openenv:")) and len(env.split(":", 1)[1]) > 0
+    if isinstance(env, str) and not adapter and (not env.strip() or env.count(":") > 1 or env.startswith(":")
+                                                 or env.endswith(":")):
+        raise ConfigError(f"environment={env!r} must be a built-in name (calculator, python, search, guess_number), "
+                          f"'textarena:<GameId>', 'openenv:<http url>' or 'package.module:ClassName'.")
     for name, what in (("max_turns", "model turns per rollout"), ("max_concurrent_tools", "tool calls at once")):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

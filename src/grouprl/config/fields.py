@@ -260,6 +260,9 @@ class GRPOConfig:
     """``per_trajectory``: a rollout's next model turn goes to the engine as soon as its own tool calls
     returned (the engine batches whatever is ready); ``lockstep``: every turn waits for the slowest rollout's
     tools (the same engine batches run to run). docs/AGENTS.md, "Scheduling and determinism"."""
+    chat_template_kwargs: dict = field(default_factory=dict)
+    """Extra variables for the chat template at every rendering (TRL's ``chat_template_kwargs``), e.g.
+    ``{enable_thinking: false}`` for Qwen3; passed to ``tokenizer.apply_chat_template``."""
 
     # ---- evaluation ---------------------------------------------------------------------------
     eval_steps: int = 0

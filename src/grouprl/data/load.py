@@ -1,4 +1,4 @@
-"""Datasets in, prompts out: files, directories, hub names and built-in tasks.
+"""Datasets in, prompts out: Python rows, files, directories, hub names, built-in tasks and reasoning-gym.
 
 A row has a ``prompt`` column -- plain text, or chat messages ``[{"role": ..., "content": ...}, ...]`` to
 which the tokenizer's chat template is applied -- and any other columns (``answer``, ``tests``, ``tools``,
@@ -8,6 +8,7 @@ naming the row and the column.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +22,24 @@ FILE_TYPES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": 
 def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
     """Load ``spec`` as a ``datasets.Dataset``.
 
-    ``spec`` is a Dataset (returned as is), a list of dicts, a .jsonl/.json/.parquet/.csv file, a directory
-    (of such files, or saved with ``save_to_disk``; a file or sub-folder named after the split is used
-    when present), ``builtin:<task>`` or a hub name. Returns ``None`` when the split does not exist for a
-    file or directory other than the training split.
+    ``spec`` is a Dataset (returned as is), a DatasetDict (its ``split``), an ``IterableDataset``, a list of
+    dicts or any other iterable of rows (mappings; read once, at most :data:`MAX_ROWS`), a reasoning-gym
+    dataset object, or a string: a .jsonl/.json/.parquet/.csv file, a directory (of such files, or saved with
+    ``save_to_disk``; a file or sub-folder named after the split is used when present), ``builtin:<task>``,
+    ``reasoning_gym:<name>`` (``kwargs`` are the reasoning-gym config keys, :mod:`grouprl.data.reasoning_gym`)
+    or a hub name. Any other object is a DataError (never looked up on the hub). Returns ``None`` when the
+    split does not exist for a file or directory other than the training split.
     """
     import datasets
 
-    if isinstance(spec, (datasets.Dataset,)):
+    if isinstance(spec, datasets.Dataset):
         return spec
     if isinstance(spec, datasets.DatasetDict):
         if split not in spec:
             return None
         return spec[split]
-    if isinstance(spec, list):
-        return datasets.Dataset.from_list(spec)
+    if not isinstance(spec, (str, Path)):
+        return _from_python(spec)
     text = str(spec)
     if text.startswith("builtin:"):
         from grouprl.data.prefs import BUILTIN_PREFS, builtin_prefs_split
@@ -44,6 +48,10 @@ def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
         if text.split(":", 1)[1] in BUILTIN_PREFS:  # preference pairs: held out = the task's prompts
             return builtin_prefs_split(text.split(":", 1)[1], split, **kwargs)
         return load_task(text.split(":", 1)[1], split, **kwargs)
+    if text.startswith("reasoning_gym:"):
+        from grouprl.data.reasoning_gym import load_reasoning_gym
+
+        return load_reasoning_gym(text.split(":", 1)[1], split, **kwargs)
     path = Path(text)
     if path.is_file():
         return _load_file(path) if split == "train" else None
@@ -60,6 +68,53 @@ def load_dataset_any(spec: Any, split: str = "train", **kwargs: Any):
             f"dataset {text!r} is not a file, a directory, or a reachable hub dataset ({type(e).__name__}: {e}). "
             f"Give a .jsonl/.json/.parquet/.csv path, a directory, or builtin:<task>."
         ) from e
+
+
+MAX_ROWS = 1_000_000
+"""Rows read from a Python iterable (an endless generator is an error, not a hang)."""
+
+
+def _from_python(spec: Any):
+    """A Dataset from rows given as Python objects: a reasoning-gym dataset, or an iterable of mappings."""
+    import datasets
+
+    if type(spec).__module__.startswith("reasoning_gym"):
+        from grouprl.data.reasoning_gym import from_reasoning_gym
+
+        return from_reasoning_gym(spec)
+    if isinstance(spec, (bytes, dict)) or not hasattr(spec, "__iter__"):
+        raise DataError(f"dataset: got a {type(spec).__name__} object, which is not a dataset. Give a list of "
+                        f"dicts (one per row), a datasets.Dataset, an iterable of rows, a reasoning-gym dataset, or "
+                        f"a string naming a file, a folder, builtin:<task>, reasoning_gym:<name> or a hub dataset.")
+    rows = []
+    for i, row in enumerate(spec):
+        if i >= MAX_ROWS:
+            raise DataError(f"dataset: the iterable gave more than {MAX_ROWS:,} rows (an endless stream?). Take "
+                            f"the rows you want first, e.g. itertools.islice(rows, 10_000).")
+        if not isinstance(row, Mapping):
+            raise DataError(f"dataset: row {i} is a {type(row).__name__} ({_short(row)}), not a mapping; each row "
+                            f"must be a dict of columns such as {{'prompt': ..., 'answer': ...}}.")
+        rows.append(dict(row))
+    if not rows:
+        raise DataError(f"dataset: the {type(spec).__name__} given has no rows.")
+    return datasets.Dataset.from_list(rows)
+
+
+def with_chat_template_kwargs(tokenizer: Any, template_kwargs: Mapping[str, Any] | None) -> Any:
+    """``tokenizer`` whose ``apply_chat_template`` always passes ``template_kwargs`` (TRL's
+    ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``); a call's own keywords win. A shallow copy:
+    the given tokenizer is left as it was."""
+    if not template_kwargs:
+        return tokenizer
+    import copy
+
+    out, render, fixed = copy.copy(tokenizer), tokenizer.apply_chat_template, dict(template_kwargs)
+
+    def apply_chat_template(conversation: Any, *args: Any, **kwargs: Any) -> Any:
+        return render(conversation, *args, **{**fixed, **kwargs})
+
+    out.apply_chat_template = apply_chat_template
+    return out
 
 
 def _load_file(path: Path):

@@ -7,9 +7,14 @@ docs/source/grpo_trainer.md, "Agent Training"):
   so every trajectory shares them.
 - ``environment_factory=Cls``: a class built fresh for each trajectory. ``reset(**row) -> str | None``
   receives the dataset row's columns as keyword arguments (a returned string is appended to the last
-  user message, as TRL does); every public method other than ``reset`` and ``get_reward`` is a tool; an
-  optional ``get_reward()`` is the environment's own reward, added to the reward functions' sum.
+  user message, as TRL does; with no dataset it is the whole prompt); every public method other than
+  ``reset``, ``get_reward`` and ``close`` is a tool; an optional ``get_reward()`` is the environment's own
+  reward, added to the reward functions' sum; an optional ``close()`` is called once the rollout's
+  environment is done with (after its reward was read), e.g. to end an HTTP session.
   ``{name: Cls}`` picks the class by the row's ``environment`` column (not forwarded to ``reset``).
+- a *conversational* environment (``conversational = True`` on the class, see
+  :mod:`grouprl.envs.conversational`) also answers the model's free-text turns: ``step(text) ->
+  (observation, reward, done)``; its ``step`` is not a tool either.
 - both together: the plain functions are offered next to the environment's methods.
 
 Tools and ``get_reward`` may be ``async def``; they are awaited in the calling thread.
@@ -38,7 +43,9 @@ from typing import Any
 from grouprl.errors import ConfigError, GroupRLError
 
 ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout")
-NOT_TOOLS = frozenset({"reset", "get_reward"})  # TRL: every other public method is a tool
+# TRL: every other public method is a tool; ``close`` is the end-of-rollout hook (a tool could end the session)
+NOT_TOOLS = frozenset({"reset", "get_reward", "close"})
+CONVERSATIONAL_NOT_TOOLS = NOT_TOOLS | {"step"}
 
 
 class ToolError(GroupRLError):
@@ -65,6 +72,7 @@ class ToolEnv:
 
     tools: list[dict]
     instance: Any = None
+    conversational: bool = False  # True: ``respond(text)`` answers a model turn without a tool call
 
     def __init__(self, fns: Mapping[str, Callable[..., Any]], tools: list[dict]) -> None:
         self._fns = dict(fns)
@@ -110,6 +118,17 @@ class ClassToolEnv(ToolEnv):
                               f"function in tools=; rename one")
         super().__init__({**fns, **extra[0]}, schemas + extra[1])
         self.instance = instance
+        self.conversational = is_conversational(type(instance))
+        self._step_rewards: list[float] = []
+
+    def respond(self, text: str) -> tuple[str | None, float | None, bool]:
+        """A conversational environment's answer to the model's free-text turn (``step(text)``)."""
+        from grouprl.envs.conversational import check_step_result
+
+        out = check_step_result(type(self.instance).__name__, _resolve(self.instance.step(text)))
+        if out[1] is not None:
+            self._step_rewards.append(out[1])
+        return out
 
     def reset(self, row: Mapping[str, Any]) -> str | None:
         reset = self.instance.reset
@@ -121,18 +140,29 @@ class ClassToolEnv(ToolEnv):
 
     def reward(self) -> float | None:
         get_reward = getattr(self.instance, "get_reward", None)
-        if get_reward is None:
-            return None
+        if get_reward is None:  # a conversational environment's step rewards, when it gave any
+            return sum(self._step_rewards) if self._step_rewards else None
         value = _resolve(get_reward())
         return None if value is None else float(value)
+
+    def close(self) -> None:
+        close = getattr(self.instance, "close", None)
+        if callable(close):
+            _resolve(close())
+
+
+def is_conversational(cls: type) -> bool:
+    """Whether instances of ``cls`` answer free-text model turns (``conversational = True`` and a ``step``)."""
+    return bool(getattr(cls, "conversational", False)) and callable(getattr(cls, "step", None))
 
 
 def public_methods(cls: type) -> list[str]:
     """TRL's rule: the public methods of ``cls`` (no leading ``_``; instance or class methods, not static
-    ones), except ``reset`` and ``get_reward``."""
+    ones), except ``reset``, ``get_reward`` and ``close`` (and ``step`` of a conversational environment)."""
     out = []
+    skip = CONVERSATIONAL_NOT_TOOLS if is_conversational(cls) else NOT_TOOLS
     for name in dir(cls):
-        if name.startswith("_") or name in NOT_TOOLS:
+        if name.startswith("_") or name in skip:
             continue
         attr = inspect.getattr_static(cls, name)
         if inspect.isfunction(attr) or isinstance(attr, classmethod):
@@ -169,6 +199,8 @@ def tool_schema(fn: Callable[..., Any], owner: str = "") -> dict:
     from transformers.utils import get_json_schema
 
     where = f"{owner}.{fn.__name__}" if owner else getattr(fn, "__name__", repr(fn))
+    if owner and not inspect.getdoc(fn):
+        fn = _described(fn, where)
     try:
         return get_json_schema(fn)
     except Exception as e:  # transformers raises DocstringParsingException / TypeHintParsingException
@@ -177,6 +209,28 @@ def tool_schema(fn: Callable[..., Any], owner: str = "") -> dict:
             f"and a Google-style docstring: a one-line description, then 'Args:' with one "
             f"'name: description' line per argument."
         ) from e
+
+
+def _described(method: Callable[..., Any], where: str) -> Callable[..., Any]:
+    """A stand-in for an environment method without a docstring, so a schema can still be built from its
+    type hints (TRL's documentation elides the docstrings of its second ``IncrementEnv``): the model is
+    shown the method's name and argument types, with the argument names as their descriptions."""
+    import logging
+    import typing
+
+    hints = typing.get_type_hints(method)
+    params = [p for p in inspect.signature(method).parameters.values() if p.name != "self"]
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        return method(*args, **kwargs)
+
+    stand_in.__name__, stand_in.__signature__ = method.__name__, inspect.signature(method)
+    stand_in.__annotations__ = hints
+    args = "".join(f"    {p.name}: {p.name}\n" for p in params)
+    stand_in.__doc__ = f"{method.__name__.replace('_', ' ')}.\n\n" + (f"Args:\n{args}" if args else "")
+    logging.getLogger("grouprl").warning("tool %s has no docstring: the model sees only its name and argument "
+                                         "types; add a Google-style docstring to describe it", where)
+    return stand_in
 
 
 def validate_arguments(name: str, params: Mapping[str, Any], arguments: Any) -> None:
@@ -263,7 +317,7 @@ def _class_factory(factory: Any, extra: tuple[dict, list[dict]] = ({}, [])) -> C
         if not callable(getattr(cls, "reset", None)):
             raise ConfigError(f"environment_factory {cls.__name__} has no reset() method; TRL's contract needs "
                               f"reset(self, **kwargs) -> str | None, called at the start of each rollout")
-        if not public_methods(cls) and not extra[0]:
+        if not public_methods(cls) and not extra[0] and not is_conversational(cls):
             raise ConfigError(f"environment_factory {cls.__name__} has no public methods, so the model "
                               f"would have no tools; give it methods with type hints and docstrings")
         method_schemas(cls)  # fail at start-up, not at the first rollout
@@ -285,12 +339,16 @@ class _Selecting(ToolEnv):
                               f"one of: {', '.join(self._factories)}")
         self._env = self._factories[name]()
         self.tools, self.instance = self._env.tools, self._env.instance
+        self.conversational = self._env.conversational
         return self._env.reset({k: v for k, v in row.items() if k != "environment"})  # TRL: not forwarded
 
     def call(self, name: str, arguments: Any) -> str:
         if self._env is None:
             raise UnknownToolError(f"unknown tool {name!r}: the environment was not reset yet")
         return self._env.call(name, arguments)
+
+    def respond(self, text: str) -> tuple[str | None, float | None, bool]:
+        return self._env.respond(text)
 
     def reward(self) -> float | None:
         return None if self._env is None else self._env.reward()

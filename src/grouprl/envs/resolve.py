@@ -51,9 +51,19 @@ def resolve_tools(specs: list[str | Callable[..., Any]]) -> list[Callable[..., A
 
 def resolve_environment(spec: str | type) -> Any:
     """The environment class for ``environment:``: a built-in name (``calculator``, ``python``,
-    ``search``), a ``"pkg.mod:Cls"`` string, or already a class."""
+    ``search``, ``guess_number``), ``textarena:<GameId>`` (:mod:`grouprl.envs.textarena`),
+    ``openenv:<pkg.mod:Client>@<url>`` (:mod:`grouprl.envs.openenv`), a ``"pkg.mod:Cls"`` string, or
+    already a class."""
     if not isinstance(spec, str):
         return spec
+    if spec.startswith("textarena:"):
+        from grouprl.envs.textarena import textarena_env
+
+        return textarena_env(spec.split(":", 1)[1])
+    if spec.startswith("openenv:"):
+        from grouprl.envs.openenv import openenv_spec
+
+        return openenv_spec(spec.split(":", 1)[1])
     if ":" in spec:
         return _import(spec, "environment")
     if spec in ENVIRONMENTS:

@@ -20,6 +20,7 @@ composite      ``composite_reward``: ``AgentRewardFunction`` total
 countdown      ``countdown_reward``: the expression uses each number once and reaches the target
 judge          ``judge_reward``: an LLM judge over an OpenAI-compatible endpoint (batch form)
 retrieval      ``retrieval_reward``: judge + citation/answer/efficiency/safety rules (batch form)
+reasoning_gym  ``reasoning_gym_reward``: a reasoning-gym task's own ``score_answer`` on the answer
 =============  ===========================================================================
 
 ``make_reward_func`` turns any of them -- and any user function in either form, per-sample or TRL's
@@ -56,6 +57,7 @@ from grouprl.rewards.exact import exact_match_reward
 from grouprl.rewards.format import format_reward
 from grouprl.rewards.judge import judge_agreement, judge_reward
 from grouprl.rewards.math_answer import extract_answer, math_reward
+from grouprl.rewards.reasoning_gym import reasoning_gym_reward
 from grouprl.rewards.retrieval import retrieval_reward
 from grouprl.rewards.robust import robust_reward
 from grouprl.rewards.safety import SafetyHit, safety_report, safety_reward
@@ -78,6 +80,7 @@ __all__ = [
     "completion_text",
     "composite_reward",
     "compute_score",
+    "reasoning_gym_reward",
     "countdown_reward",
     "dapo_overlong_penalty",
     "efficiency_reward",

@@ -17,8 +17,10 @@ Two forms of reward function are accepted everywhere (a Python callable, a REWAR
 ``pkg.mod:fn`` plug-in); :func:`reward_form` decides by one rule:
 
 1. ``@batch_reward`` / ``@sample_reward`` on the function say it explicitly;
-2. else a parameter named ``completions`` means the **batch** form, TRL's
-   ``fn(prompts, completions, **kwargs) -> list[float | None]`` (dataset columns come as lists);
+2. else a parameter named ``completions`` or ``completion_ids`` (TRL's ``completions_ids`` spelling too) means
+   the **batch** form, TRL's ``fn(prompts, completions, completion_ids, **kwargs) -> list[float | None]``
+   (dataset columns come as lists); so TRL's ``get_soft_overlong_punishment(...)`` and
+   ``get_repetition_penalty_reward(...)``, whose callables take ``completion_ids, **kwargs``, are batch rewards;
 3. else a first positional parameter (not ``prompts``) means the **per-sample** form,
    ``fn(completion, *, answer=None, **meta) -> float | None``;
 4. anything else (``fn(**kwargs)``, ``fn(*args)``, ``fn(prompts, responses)``) is a ConfigError that
@@ -40,11 +42,13 @@ BATCH, SAMPLE = "batch", "sample"
 FORMS = (
     "A reward function takes one of two forms: per-sample `fn(completion, *, answer=None, **meta) -> float | None` "
     "(its first parameter is the completion text), or batch, TRL's `fn(prompts, completions, **kwargs) -> list` "
-    "(it has a parameter named `completions`; dataset columns come as lists). Mark a function whose signature "
+    "(it has a parameter named `completions` or `completion_ids`; dataset columns come as lists). Mark a function whose signature "
     "says neither with @grouprl.rewards.batch_reward or @grouprl.rewards.sample_reward."
 )
 ANSWER_ALIASES = ("answer", "ground_truth", "solution")
 _TRAINER_KWARGS = frozenset({"trainer_state", "log_extra", "log_metric", "environments", "completion_ids"})
+# a parameter with one of these names makes a function a batch reward (TRL's keywords, one list per batch)
+BATCH_PARAMS = ("completions", "completion_ids", "completions_ids")
 
 
 def completion_text(completion: Any) -> str:
@@ -192,7 +196,7 @@ def reward_form(fn: Callable, name: str | None = None) -> str:
         raise ConfigError(f"reward {name!r}: cannot read its signature ({e}). {FORMS}") from e
     params = list(sig.parameters.values())
     named = [p for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if any(p.name == "completions" for p in named):
+    if any(p.name in BATCH_PARAMS for p in named):
         return BATCH
     positional = [p for p in named if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if positional and positional[0].name not in ("prompts", "prompt"):
@@ -214,6 +218,8 @@ class BatchRewardFunc:
 
     def __call__(self, completions, prompts=None, **columns) -> list[float | None]:
         kw = {"prompts": prompts, "completions": completions, **columns, **self.kwargs}
+        if "completion_ids" in kw and "completions_ids" in self._accepted:  # TRL's docs spell it both ways
+            kw["completions_ids"] = kw["completion_ids"]
         if not self._var_kw:
             kw = {k: v for k, v in kw.items() if k in self._accepted}
         n = len(completions)
@@ -260,8 +266,8 @@ def accepted_options(fn: Callable) -> set[str] | None:
     the functions it hands its ``**meta`` to (``fn.passes_options_to``, and ``fn.extra_options``).
     ``None`` when ``fn`` takes ``**kwargs`` without saying where they go: anything is accepted."""
     params = list(inspect.signature(fn).parameters.values())
-    if any(p.name == "completions" for p in params) or getattr(fn, "reward_form", None) == BATCH:
-        options = [p for p in params if p.name not in ("prompts", "completions")]  # batch form
+    if any(p.name in BATCH_PARAMS for p in params) or getattr(fn, "reward_form", None) == BATCH:
+        options = [p for p in params if p.name not in ("prompts", *BATCH_PARAMS)]  # batch form
     else:
         options = params[1:]  # per-sample form: the completion comes first
     named = {p.name for p in options if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}

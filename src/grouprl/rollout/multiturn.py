@@ -8,7 +8,9 @@ lockstep (every turn waits for the slowest trajectory: ``schedule="lockstep"``).
 pool of ``max_concurrent_tools`` threads (the calls of one trajectory in order, trajectories
 concurrently), each under its timeout. A trajectory ends when
 
-- the model answers without a ``<tool_call>`` block (``answered``),
+- the model answers without a ``<tool_call>`` block (``answered``); with a conversational environment
+  (:mod:`grouprl.envs.conversational`) that turn goes to the environment instead, whose reply is the next
+  user turn, until it says it is done (``env_done``) or its step fails (``env_error``),
 - it has had ``max_turns`` model turns and still calls a tool (``max_turns``; those calls are not run),
 - a model turn hits the token budget, or the next tool turn would not fit (``max_tokens``),
 - its failed tool calls reach ``max_tool_failures`` (``tool_error_budget``),
@@ -117,10 +119,12 @@ class _Live:
 @dataclass
 class Action:
     """What a trajectory does after a model turn (``MultiTurnRollout.next_action``): ``kind`` names the job
-    the scheduler runs off the engine thread (``tools``: the parsed ``blocks``, in order)."""
+    the scheduler runs off the engine thread (``tools``: the parsed ``blocks``, in order; ``env``: a
+    conversational environment answers ``text``)."""
 
     kind: str
     blocks: list = field(default_factory=list)
+    text: str = ""  # ``env``: the model's free-text turn, for a conversational environment's ``step``
 
 
 def _first_messages(row: dict, observation: str | None) -> list[dict]:
@@ -131,9 +135,10 @@ def _first_messages(row: dict, observation: str | None) -> list[dict]:
         messages = [dict(m) for m in prompt]
     else:
         raise ValueError(f"multi-turn rollout: row['prompt'] must be a string or a list of messages, got {prompt!r}")
-    if observation:  # what env.reset returned is appended to the last user message
+    if observation:  # what env.reset returned is appended to the last user message (is it, when that is empty)
         last = next(i for i in range(len(messages) - 1, -1, -1) if messages[i]["role"] == "user")
-        messages[last] = {**messages[last], "content": f"{messages[last]['content']}\n\n{observation}"}
+        content = messages[last]["content"]
+        messages[last] = {**messages[last], "content": f"{content}\n\n{observation}" if content else observation}
     return messages
 
 
@@ -203,7 +208,8 @@ class MultiTurnRollout:
         self.stop_ids = set(stop_token_ids(tokenizer))
         self.last_stats: Any = None
         # what a job kind runs in the tool pool, and how its result is appended (one entry per Action.kind)
-        self.jobs: dict[str, tuple[Callable, Callable]] = {"tools": (self._run_tools, self._tool_turn)}
+        self.jobs: dict[str, tuple[Callable, Callable]] = {"tools": (self._run_tools, self._tool_turn),
+                                                           "env": (self._run_env, self._env_turn)}
 
     def _start(self, row: dict, group: int, index: int = 0) -> _Live:
         env = as_tool_env(self.env_factory()) if self.env_factory is not None else None
@@ -229,6 +235,7 @@ class MultiTurnRollout:
                             type(live.env).__name__, type(e).__name__, e)
             finally:  # the counters as the reward left them (e.g. code repair's passed / total)
                 live.traj.env_state = public_state(_env_object(live.env))
+                live.traj.environment = getattr(live.env, "instance", None)  # TRL's `environments=` for rewards
                 live.env.close()
         live.traj.completion = self.tokenizer.decode(live.traj.completion_ids, skip_special_tokens=True)
 
@@ -246,7 +253,8 @@ class MultiTurnRollout:
 
     def next_action(self, live: _Live, gen: Generation) -> Action | None:
         """Append one model turn, then decide what comes next: an :class:`Action` (``tools``: run the turn's
-        calls), or ``None`` when the trajectory ended (``max_tokens``, ``answered``, ``max_turns``).
+        calls; ``env``: a conversational environment answers the turn), or ``None`` when the trajectory ended
+        (``max_tokens``, ``answered``, ``max_turns``).
 
         The one place a trajectory's next step is chosen: another kind of step (an environment answering a
         free-text turn with a user message, say) is an ``Action`` kind returned here, with its job and its
@@ -260,6 +268,8 @@ class MultiTurnRollout:
         blocks = parse_tool_blocks(text)
         if not sampled or sampled[-1] not in self.stop_ids:
             self._finish(live, "max_tokens")
+        elif not blocks and getattr(live.env, "conversational", False):
+            return Action("env", text=text)
         elif not blocks:
             self._finish(live, "answered")
         elif traj.num_turns >= self.params.max_turns:
@@ -278,6 +288,36 @@ class MultiTurnRollout:
 
     def _run_tools(self, live: _Live, action: Action) -> list[dict]:
         return _run_calls(live, action.blocks, self.params, self.call_tool)
+
+    def _run_env(self, live: _Live, action: Action) -> tuple:
+        """A conversational environment's ``step`` on the turn's free text (in the tool pool, under the
+        tool timeout and what is left of the trajectory's): ``(result, error)``."""
+        from grouprl.envs.conversational import step_with_timeout
+
+        p = self.params
+        remaining = p.trajectory_timeout_s - (time.monotonic() - live.start)
+        return step_with_timeout(live.env, action.text, max(0.0, min(p.tool_timeout_s, remaining)))
+
+    def _env_turn(self, live: _Live, result: Any) -> None:
+        """Append the environment's observation as the next user turn (token-exact, loss mask 0, like a tool
+        turn), or end the trajectory (``env_done``, ``env_error``, ``max_turns``, ``max_tokens``)."""
+        p, traj = self.params, live.traj
+        out, error = result if isinstance(result, tuple) else (None, "step did not return within its bound")
+        if error is not None:
+            log.warning("multi-turn rollout: %s %s; the trajectory ends with env_error",
+                        type(_env_object(live.env)).__name__, error)
+            return self._finish(live, "env_error")
+        observation, _, done = out
+        if done:
+            return self._finish(live, "env_done")
+        if traj.num_turns >= p.max_turns:
+            return self._finish(live, "max_turns")
+        user = [{"role": "user", "content": observation or ""}]
+        ids = tool_turn_ids(self.tokenizer, traj.messages, user, live.tools or None, chat_template=self.chat_template)
+        if len(traj.completion_ids) + len(ids) >= p.max_new_tokens:
+            return self._finish(live, "max_tokens")  # rolled back, as a tool turn that would not fit
+        traj.append(ids, sampled=False)
+        traj.messages.extend(user)
 
     def _tool_turn(self, live: _Live, records: list[dict]) -> None:
         """Record the calls, then append the tool turn or end the trajectory (see the module docstring)."""

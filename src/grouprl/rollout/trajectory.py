@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-END_REASONS = ("answered", "max_turns", "max_tokens", "tool_error_budget", "timeout")
+END_REASONS = ("answered", "max_turns", "max_tokens", "tool_error_budget", "timeout", "env_done", "env_error")
 
 
 @dataclass
@@ -20,7 +20,8 @@ class Trajectory:
 
     ``tool_calls``: ``{"name", "arguments", "result", "error"}`` per call in order (``error`` is ``None`` or
     a kind: ``malformed``, ``unknown_tool``, ``bad_arguments``, ``exception``, ``timeout``).
-    ``end_reason``: one of :data:`END_REASONS` (``max_tokens`` = truncated by the token budget).
+    ``end_reason``: one of :data:`END_REASONS` (``max_tokens`` = truncated by the token budget; ``env_done`` /
+    ``env_error``: a conversational environment ended the episode / its step failed).
     ``messages``: the conversation as text (prompt messages, assistant turns as decoded, tool messages).
     ``group``: index of the prompt; the ``G`` rollouts of one prompt share it.
     ``env_state``: the environment object's public attributes that are plain data (numbers, strings, lists,
@@ -40,6 +41,8 @@ class Trajectory:
     env_reward: float | None = None
     env_state: dict = field(default_factory=dict)  # the environment's public counters after the rollout
     completion: str = ""  # decoded completion (special tokens skipped), what the rewards score
+    # the user's environment object (TRL's `environments=` for reward functions); not serialised
+    environment: Any = field(default=None, repr=False, compare=False)
 
     def append(self, ids: list[int], sampled: bool, logp: list[float] | None = None) -> None:
         """Append ``ids`` with loss mask 1 (``sampled``) or 0 (tool output / template glue). ``logp``: the

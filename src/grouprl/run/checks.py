@@ -17,6 +17,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from grouprl.errors import ConfigError, DataError, did_you_mean
@@ -72,15 +73,19 @@ def check_dataset_kwargs(dataset: Any, kwargs: dict) -> None:
 
 
 def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
-    """A built-in task (``dataset: builtin:<task>``) brings its own reward: when the user set neither
+    """A built-in task (``dataset: builtin:<task>``) or a reasoning-gym task (``reasoning_gym:<name>``: the
+    ``reasoning_gym`` reward) brings its own reward: when the user set neither
     ``reward_funcs`` (nor passed reward functions) nor ``eval_reward``, they become the task's (countdown
     trains on ``countdown``: ``accuracy`` would pay for repeating the target, which is in the prompt).
     Returns the names of the fields it filled."""
-    if not (isinstance(cfg.dataset, str) and cfg.dataset.startswith("builtin:")):
+    if isinstance(cfg.dataset, str) and cfg.dataset.startswith("reasoning_gym:"):  # scored by the task's own verifier
+        task = SimpleNamespace(reward_funcs=["reasoning_gym"], eval_reward="reasoning_gym")
+    elif not (isinstance(cfg.dataset, str) and cfg.dataset.startswith("builtin:")):
         return []
-    from grouprl.data.tasks import get_task
+    else:
+        from grouprl.data.tasks import get_task
 
-    task = get_task(cfg.dataset.split(":", 1)[1])
+        task = get_task(cfg.dataset.split(":", 1)[1])
     filled = []
     if reward_funcs is None and "reward_funcs" not in cfg.explicit_fields and task.reward_funcs:
         cfg.reward_funcs, filled = list(task.reward_funcs), filled + ["reward_funcs"]

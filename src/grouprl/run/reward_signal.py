@@ -83,7 +83,8 @@ class RewardWatch:
         if self.seen or self.limit <= 0:
             return
         none = [n for n in self.names if metrics.get(f"rewards/{n}/frac_none", 0.0) >= 1.0]
-        if metrics.get("reward/frac_unknown", 0.0) < 1.0 and len(none) < len(self.names):
+        # no reward function at all: an environment gives the reward, and frac_unknown says whether it did
+        if metrics.get("reward/frac_unknown", 0.0) < 1.0 and (not self.names or len(none) < len(self.names)):
             self.seen = True
             return
         self.rounds += 1

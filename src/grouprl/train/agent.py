@@ -30,6 +30,20 @@ class Agent:
     lean_sampler: bool | None = None  # as the recipe's lean_sampler: None = the lean sampler on CPU
     max_concurrent_tools: int = 16
     schedule: str = "per_trajectory"  # agent_schedule
+    env_classes: tuple = ()  # the environment classes (several for a {name: Cls} factory); () for plain tools
+    multi_env: bool = False  # a {name: Cls} factory: rows pick the class by their `environment` column
+
+    @property
+    def owns_prompt(self) -> bool:
+        """TRL: with one environment class and no dataset, ``reset()`` returns each rollout's prompt."""
+        return bool(self.env_classes) and not self.multi_env
+
+    @property
+    def owns_reward(self) -> bool:
+        """An environment class scores its own episodes (``get_reward``, or a conversational ``step``)."""
+        from grouprl.envs.base import is_conversational
+
+        return any(callable(getattr(c, "get_reward", None)) or is_conversational(c) for c in self.env_classes)
 
     def params(self, max_new_tokens: int) -> Any:
         from grouprl.rollout.multiturn import MultiTurnParams
@@ -73,8 +87,12 @@ def _import_name(obj: Any) -> str:
 
 
 def _environment_name(env: Any) -> str:
-    """The registry name of a built-in environment class, else ``module:Class``."""
+    """The registry name of a built-in environment class, its ``spec_name`` (an adapter's class, e.g.
+    ``textarena:GuessTheNumber-v0``), else ``module:Class``."""
     from grouprl.registry import ENVIRONMENTS
+
+    if isinstance(getattr(env, "spec_name", None), str):
+        return env.spec_name
 
     for name in ENVIRONMENTS.names():
         if ENVIRONMENTS.get(name) is env:
@@ -113,8 +131,54 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
 
     check_agent_backend(cfg.rollout_backend)  # a text-only plug-in cannot drive token-level turns
     factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
+    classes = tuple(env.values()) if isinstance(env, dict) else (env,) if env is not None else ()
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
-                 cfg.chat_template, cfg.lean_sampler, cfg.max_concurrent_tools, cfg.agent_schedule)
+                 cfg.chat_template, cfg.lean_sampler, cfg.max_concurrent_tools, cfg.agent_schedule,
+                 tuple(c for c in classes if isinstance(c, type)), isinstance(env, dict))
+
+
+def default_reward_funcs(cfg: Any, given: Any, agent: Agent | None) -> Any:
+    """The reward functions to use when an environment is in play and none were given or configured.
+
+    TRL: an environment whose class owns the reward (``get_reward``) needs no reward function, so none is
+    added (``[]``); one that does not, with no reward function either, is a ConfigError -- nothing would
+    give a reward. Otherwise ``given`` (``None`` = the config's ``reward_funcs``)."""
+    if given is not None or "reward_funcs" in cfg.explicit_fields or agent is None or not agent.env_classes:
+        return given
+    if agent.owns_reward:
+        return []
+    names = ", ".join(c.__name__ for c in agent.env_classes)
+    raise ConfigError(f"no reward source: environment {names} defines no get_reward() and no reward_funcs were "
+                      f"given. Fix: pass reward_funcs=[...] (or set reward_funcs in the recipe), or give the "
+                      f"environment a get_reward(self) -> float method.")
+
+
+def fill_prompts(ds: Any, prompt_column: str) -> Any:
+    """TRL: with an environment the ``prompt`` column is optional (``reset()`` supplies it): a missing column,
+    or an empty prompt, becomes one empty user message."""
+    empty = [{"role": "user", "content": ""}]
+    if prompt_column not in ds.column_names:
+        return ds.add_column(prompt_column, [empty] * len(ds))
+    prompts = ds[prompt_column]
+    if not any(isinstance(p, str) and not p.strip() for p in prompts):
+        return ds
+    if any(not isinstance(p, str) for p in prompts):  # a mixed column cannot be stored; let check_rows name it
+        return ds
+    filled = [[{"role": "user", "content": p}] if p.strip() else empty for p in prompts]
+    return ds.remove_columns(prompt_column).add_column(prompt_column, filled)
+
+
+def placeholder_dataset(cfg: Any) -> Any:
+    """TRL's placeholder when the environment owns the data: one round's prompts, each an empty user message
+    (``reset()`` fills it in), cycled for ``max_steps`` steps (ConfigError when ``max_steps`` is not set)."""
+    from datasets import Dataset
+
+    if cfg.max_steps <= 0:
+        raise ConfigError("no train_dataset: the environment's reset() returns each rollout's prompt, so the run "
+                          "has no epochs to count. Fix: set max_steps (e.g. GRPOConfig(max_steps=100)), or pass "
+                          "train_dataset=....")
+    rows = max(1, cfg.prompts_per_generation)
+    return Dataset.from_dict({cfg.prompt_column: [[{"role": "user", "content": ""}]] * rows})
 
 
 def rollout_rows(rows: list[dict], prompt_column: str, system_prompt: str | None) -> list[dict]:
@@ -155,8 +219,9 @@ def reward_inputs(trajectories: list, prompts: list) -> tuple[list, dict[str, li
 
     ``completions``: the final answer (last assistant turn; TRL's ``[{"role": "assistant", ...}]`` for chat
     prompts). Columns: ``messages`` (the whole conversation), ``model_turns`` (the text of each model turn),
-    ``tool_calls`` (``{name, arguments, result, error}`` per call), ``num_turns``, ``end_reason`` and
-    ``env_state`` (the environment's public counters, e.g. ``edits``, ``iterations``, ``returned_ids``).
+    ``tool_calls`` (``{name, arguments, result, error}`` per call), ``num_turns``, ``end_reason``,
+    ``env_state`` (the environment's public counters, e.g. ``edits``, ``iterations``, ``returned_ids``) and,
+    as TRL passes them, ``environments`` (the environment object of each rollout) when there are any.
     """
     completions = [[{"role": "assistant", "content": final_answer(t)}] if isinstance(p, list) else final_answer(t)
                    for t, p in zip(trajectories, prompts)]
@@ -168,6 +233,8 @@ def reward_inputs(trajectories: list, prompts: list) -> tuple[list, dict[str, li
         "end_reason": [t.end_reason for t in trajectories],
         "env_state": [t.env_state for t in trajectories],
     }
+    if any(t.environment is not None for t in trajectories):
+        columns["environments"] = [t.environment for t in trajectories]
     return completions, columns
 
 
@@ -184,12 +251,21 @@ def add_env_rewards(totals: list[float], trajectories: list) -> list[float]:
 
 
 def agent_metrics(trajectories: list) -> dict[str, float]:
-    """``multiturn_metrics`` with the environment reward logged as ``rewards/env/mean``."""
+    """``multiturn_metrics`` with the environment reward logged as TRL names it, after the environment's class:
+    ``rewards/<Class>/mean`` and ``/std`` over the rollouts of that class that gave one."""
+    import statistics
+
     from grouprl.rollout.multiturn import multiturn_metrics
 
     m = multiturn_metrics(trajectories)
-    if "env_reward/mean" in m:
-        m["rewards/env/mean"] = m.pop("env_reward/mean")
+    m.pop("env_reward/mean", None)
+    by_class: dict[str, list[float]] = {}
+    for t in trajectories:
+        if t.env_reward is not None:
+            name = type(t.environment).__name__ if t.environment is not None else "env"
+            by_class.setdefault(name, []).append(float(t.env_reward))
+    for name, values in by_class.items():
+        m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = statistics.fmean(values), statistics.pstdev(values)
     return m
 
 

@@ -6,12 +6,13 @@ What the logged numbers mean (one record per optimizer step):
 - ``reward``, ``reward_std`` (mean within-group std), ``frac_reward_zero_std``, ``rewards/<fn>/mean|std|frac_none``,
   ``reward/frac_unknown`` (completions without a total reward: trained with no loss): the round's first
   sampled batch, before dynamic sampling.
-- ``advantage/*``, ``completions/*`` (lengths in tokens, ``truncated_frac`` = no EOS within max_new_tokens).
+- ``advantage/*``, ``completions/*`` (lengths in tokens, ``truncated_frac`` = no EOS within max_new_tokens;
+  ``mean|min|max_terminated_length`` over the completions that ended with EOS, 0 when none did, as TRL).
 - ``loss/policy``: the aggregated clipped surrogate of the whole optimizer step, exactly (micro-batch
   losses are normalised by the step's totals, so their sum is the step's loss). On-policy the ratio is 1 and
   the value is the advantage-weighted token average -- near 0 because advantages are centred per group: a
   property of the objective, not a logging artefact. ``loss/kl`` (aggregated KL), ``loss/total``.
-- ``kl``: token-mean KL(pi_theta || pi_ref) estimate (null when kl_coef = 0: there is no reference);
+- ``kl``: token-mean KL(pi_theta || pi_ref) estimate (left out when kl_coef = 0: there is no reference);
   ``entropy``: token-mean entropy of the sampling distribution; ``policy/*``: ratio min/mean/max, clip
   fractions (low, high, region) and approx_kl to the rollout policy.
 - ``grad_norm`` (before clipping; null on a skipped step), ``lr``, ``num_tokens`` (loss tokens),
@@ -21,10 +22,19 @@ What the logged numbers mean (one record per optimizer step):
   (DAPO, arXiv:2503.14476, Sec. 3.2).
 - agent runs (tools or an environment, docs/AGENTS.md): ``tools/calls_per_traj``, ``tools/failure_frac``
   (failed / all calls), ``turns/mean``, ``end_reason/<reason>`` fractions, ``tokens/model`` / ``tokens/tool``
-  per rollout, ``rewards/env/mean`` (the environment's ``get_reward``); ``completions/*_length`` count model
-  tokens only.
+  per rollout, ``rewards/<EnvClass>/mean|std`` (the environment's ``get_reward``, named after its class as
+  TRL names it); ``completions/*_length`` count model tokens only.
 - ``time/*``: generate, reward, ref_forward, old_logp_forward, policy_fwd_bwd, optimizer, other; coarse
   ``time/score`` (reward + ref + old log-probs) and ``time/update`` (fwd/bwd + optimizer); ``time/step``.
+
+TensorBoard and W&B also get TRL's names (:data:`TRL_NAMES`, next to ours, which say more), so a dashboard
+built for TRL runs reads a grouprl run: ``learning_rate``, ``loss``, ``policy_loss``, ``clip_ratio/low_mean``
+/ ``high_mean`` / ``region_mean``, ``completions/clipped_ratio``, ``step_time``, ``tools/call_frequency``,
+``tools/failure_frequency``; every key goes under ``train/`` (``eval/*`` keys stay as they are), as
+transformers' ``Trainer`` writes them. metrics.jsonl keeps grouprl's names only (one name per number). A
+value that is not finite (NaN, inf) is left out of TensorBoard and W&B rather than drawn as a gap. Not
+written: TRL's ``clip_ratio/low_min`` / ``high_max`` (minimum / maximum over processes; grouprl logs the
+global mean).
 """
 
 from __future__ import annotations
@@ -73,6 +83,40 @@ class Timers:
         self.totals.clear()
         self.started = now
         return out
+
+
+# ours -> TRL's (GRPOTrainer 1.16 ``_metrics`` keys; transformers' ``learning_rate`` and ``loss``)
+TRL_NAMES = {
+    "lr": "learning_rate",
+    "loss/total": "loss",
+    "loss/policy": "policy_loss",
+    "policy/clip_frac_low": "clip_ratio/low_mean",
+    "policy/clip_frac_high": "clip_ratio/high_mean",
+    "policy/clip_frac": "clip_ratio/region_mean",
+    "completions/truncated_frac": "completions/clipped_ratio",
+    "time/step": "step_time",
+    "tools/calls_per_traj": "tools/call_frequency",
+    "tools/failure_frac": "tools/failure_frequency",
+}
+
+
+def with_trl_names(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` plus TRL's name for each key that has one (:data:`TRL_NAMES`), without the metrics that do
+    not apply to this run: ``kl`` when there is no reference model (kl_coef = 0, NaN), as TRL omits it.
+
+    >>> with_trl_names({"lr": 1e-3, "kl": float("nan"), "time/step": 2.0})
+    {'lr': 0.001, 'time/step': 2.0, 'learning_rate': 0.001, 'step_time': 2.0}
+    """
+    out = {k: v for k, v in metrics.items() if not (k == "kl" and isinstance(v, float) and math.isnan(v))}
+    for ours, theirs in TRL_NAMES.items():
+        if ours in out and theirs not in out:
+            out[theirs] = out[ours]
+    return out
+
+
+def board_tag(key: str) -> str:
+    """The TensorBoard / W&B tag of a metric: ``train/<key>``, as transformers writes; ``eval/*`` unchanged."""
+    return key if key.startswith(("eval/", "train/")) else f"train/{key}"
 
 
 def _clean(value: Any) -> Any:
@@ -134,7 +178,8 @@ class MetricsLogger:
         record = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
-        numeric = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        numeric = {board_tag(k): v for k, v in with_trl_names(metrics).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
         if self._tb is not None:
             for key, value in numeric.items():
                 self._tb.add_scalar(key, value, step)
@@ -251,6 +296,11 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
     m.update({"completions/mean_length": float(lengths.mean()), "completions/min_length": float(lengths.min()),
               "completions/max_length": float(lengths.max()),
               "completions/truncated_frac": float(rollout.truncated.float().mean())})
+    ended = lengths[~rollout.truncated.bool().to(lengths.device)]
+    ended = ended if ended.numel() else torch.zeros(1)  # TRL: 0 when no completion ended with EOS
+    m.update({"completions/mean_terminated_length": float(ended.mean()),
+              "completions/min_terminated_length": float(ended.min()),
+              "completions/max_terminated_length": float(ended.max())})
     return m
 
 
@@ -286,6 +336,8 @@ def report_step(cfg: Any, logger: MetricsLogger, step: int, total_steps: int, me
     """Log one optimizer step: metrics.jsonl / TensorBoard / W&B, progress bar, samples.jsonl."""
     # prompt + completion tokens this step trained on, per second of the whole step (generation included)
     metrics["tokens_per_s"] = metrics.pop("seq_tokens") / max(metrics["time/step"], 1e-9)
+    if isinstance(metrics.get("kl"), float) and math.isnan(metrics["kl"]):
+        del metrics["kl"]  # no reference model (kl_coef = 0): the metric does not apply, as TRL leaves it out
     if step % cfg.logging_steps == 0 or step == total_steps:
         logger.log(step, metrics)
         history.append({"step": step, **{k: metrics.get(k) for k in ("reward", "loss/policy", "kl", "entropy")}})

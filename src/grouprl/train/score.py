@@ -19,11 +19,12 @@ from typing import Any
 from grouprl.errors import ConfigError, RewardError
 
 
-def resolve_reward_funcs(funcs: Any, reward_kwargs: dict | None = None) -> list[Callable]:
-    """Names (registry or ``pkg.mod:fn``) and callables -> a list of TRL-style batch callables."""
+def resolve_reward_funcs(funcs: Any, reward_kwargs: dict | None = None, *, allow_empty: bool = False) -> list[Callable]:
+    """Names (registry or ``pkg.mod:fn``) and callables -> a list of TRL-style batch callables (``allow_empty``:
+    an environment gives the reward, so no function is needed)."""
     reward_kwargs = reward_kwargs or {}
     items = funcs if isinstance(funcs, (list, tuple)) else [funcs]
-    if not items:
+    if not items and not allow_empty:
         raise ConfigError("reward_funcs is empty: give at least one reward name or function.")
     from grouprl.rewards import make_reward_func
 

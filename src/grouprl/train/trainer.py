@@ -24,7 +24,8 @@ class GRPOTrainer:
     ``model``: a hub id, a local path, ``builtin:<name>`` or a loaded ``PreTrainedModel`` (``None`` =
     ``config.model``). ``config`` (or TRL's ``args``): a GRPOConfig. ``train_dataset`` / ``eval_dataset``:
     a ``datasets.Dataset``, a list of dicts, or anything ``config.dataset`` accepts (``None`` = from the
-    config). ``processing_class``: the tokenizer (``None`` = loaded with the model). ``reward_funcs``: a
+    config; with an ``environment_factory`` and no dataset anywhere, the environment's ``reset()`` returns
+    each rollout's prompt and ``max_steps`` sets the run's length, as in TRL). ``processing_class``: the tokenizer (``None`` = loaded with the model). ``reward_funcs``: a
     callable with TRL's signature, a registry name, or a list of them (``None`` = ``config.reward_funcs``).
     ``peft_config``: a peft ``LoraConfig`` (or set ``config.use_peft``).
     ``tools`` (functions) / ``environment_factory`` (a class): TRL's agent arguments; rollouts become
@@ -57,10 +58,13 @@ class GRPOTrainer:
         self._load_rewards_and_data(cfg, reward_funcs, train_dataset, eval_dataset, eval_reward_func, tools,
                                     environment_factory)
         self._used = dict(model=source, train_dataset=train_dataset if train_dataset is not None else cfg.dataset,
-                          reward_funcs=reward_funcs if reward_funcs is not None else cfg.reward_funcs)
+                          reward_funcs=self._reward_specs)
         if isinstance(source, str):
             check_model_source(source)  # a missing path / unreachable hub: seconds, not minutes of retries
-        self.processing_class = self.tokenizer = _tokenizer_for(source, processing_class)
+        from grouprl.data.load import with_chat_template_kwargs
+
+        self.processing_class = self.tokenizer = with_chat_template_kwargs(_tokenizer_for(source, processing_class),
+                                                                           cfg.chat_template_kwargs)
         if self.agent is not None:
             self.agent.check_template(self.tokenizer)  # not prefix-preserving: say so now, with the fix
         # the model's context from its config (not its weights); a name's tokenizer was loaded from its folder
@@ -97,15 +101,17 @@ class GRPOTrainer:
         """Reward functions, the agent (tools / environment), the train and eval splits: before the model."""
         from grouprl.run import checks as startup
         from grouprl.run.reward_signal import warn_missing_reward_columns
-        from grouprl.train.agent import build_agent
+        from grouprl.train.agent import build_agent, default_reward_funcs
         from grouprl.train.score import resolve_reward_funcs
 
+        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
+        reward_funcs = default_reward_funcs(cfg, reward_funcs, self.agent)  # [] when the environment owns it
         self._reward_specs = reward_funcs if reward_funcs is not None else cfg.reward_funcs
-        self.reward_funcs = resolve_reward_funcs(self._reward_specs, cfg.reward_kwargs)
+        self.reward_funcs = resolve_reward_funcs(self._reward_specs, cfg.reward_kwargs,
+                                                 allow_empty=self.agent is not None)
         if cfg.reward_weights is not None and len(cfg.reward_weights) != len(self.reward_funcs):
             raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but {len(self.reward_funcs)} "
                               f"reward functions were given: one weight per function.")
-        self.agent = build_agent(cfg, tools, environment_factory)  # names imported, schemas built: before the model
         self.train_dataset = self._load_split(train_dataset, cfg.train_split, cfg.max_train_samples, required=True)
         self.eval_dataset = self._load_split(eval_dataset, cfg.eval_split, cfg.max_eval_samples, required=False)
         warn_missing_reward_columns(self._reward_specs, self.train_dataset)  # no `answer` for accuracy: said now
@@ -124,6 +130,10 @@ class GRPOTrainer:
             ds = load_dataset_any(cfg.dataset, split, **cfg.dataset_kwargs)
         else:
             ds = None
+        if ds is None and required and self.agent is not None and self.agent.owns_prompt:
+            from grouprl.train.agent import placeholder_dataset
+
+            ds = placeholder_dataset(cfg)  # TRL: reset() returns each rollout's prompt; max_steps sets the length
         if ds is None:
             if required:
                 raise ConfigError(f"no training data: pass train_dataset=... or set `dataset` in the config "
@@ -131,6 +141,10 @@ class GRPOTrainer:
             return None
         if limit is not None:
             ds = ds.select(range(min(limit, len(ds))))
+        if self.agent is not None and self.agent.env_classes:
+            from grouprl.train.agent import fill_prompts
+
+            ds = fill_prompts(ds, cfg.prompt_column)  # TRL: reset() may supply the prompt
         check_rows(ds, cfg.prompt_column)
         return ds
 

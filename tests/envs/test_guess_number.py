@@ -1,0 +1,55 @@
+"""The built-in guess-the-number game: feedback, end of episode, reward arithmetic, demonstrations."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from grouprl.builtin.game_demo import demo_examples, game
+from grouprl.envs.guess_number import PROMPT, GuessNumberEnv, solved
+
+
+def test_feedback_and_reward():
+    env = GuessNumberEnv()
+    assert env.reset(secret=6, prompt=[{"role": "user", "content": "Play."}]) is None  # the row has a prompt
+    assert env.step("I guess 4") == ("higher", None, False)
+    assert env.step("no idea") == ("Reply with one number from 1 to 8.", None, False)  # a guess all the same
+    assert env.step("7, or maybe 8") == ("lower", None, False)  # the last integer counts
+    assert env.step("6") == (None, None, True)
+    assert env.solved and env.guesses == 4 and env.get_reward() == pytest.approx(0.7)  # 1 - 0.1 * 3
+    env.reset(secret=2)
+    assert env.step("2") == (None, None, True) and env.get_reward() == 1.0  # first guess: the full reward
+    env.reset(secret=8)
+    for _ in range(3):
+        assert env.step("1")[2] is False
+    assert env.step("1") == (None, None, True) and not env.solved and env.get_reward() == 0.0  # out of guesses
+
+
+def test_without_a_dataset_reset_writes_the_prompt_and_seeds_the_secret():
+    env = GuessNumberEnv()
+    assert env.reset(prompt=[{"role": "user", "content": ""}]) == PROMPT.format(low=1, high=8)  # TRL placeholder
+    a, b = GuessNumberEnv(), GuessNumberEnv()
+    a.reset(seed=5)
+    b.reset(seed=5)
+    assert a.secret == b.secret == random.Random(5).randint(1, 8)
+
+
+def test_solved_reads_env_state():
+    assert solved("3", env_state={"solved": True}) == 1.0 and solved("3", env_state={"solved": False}) == 0.0
+    assert solved("3", env_state={}) is None
+
+
+def test_demonstrations_bisect_or_guess_at_random():
+    rng = random.Random(0)
+    for secret in range(1, 9):  # bisection finds every secret of 1..8 within 4 guesses
+        messages, won = game(secret, True, rng)
+        guesses = sum(m["role"] == "assistant" for m in messages)
+        assert won and guesses <= 4
+    assert game(7, True, rng)[0][1:] == [{"role": "assistant", "content": "4"}, {"role": "user", "content": "higher"},
+                                         {"role": "assistant", "content": "6"}, {"role": "user", "content": "higher"},
+                                         {"role": "assistant", "content": "7"}]
+    _, rate = demo_examples(SimpleNamespace(seed=0, sft_rows=2000, noise=0.7))
+    # 30% bisect (always win) + 70% random with replacement (win 1 - (7/8)^4 = 0.414): 0.3 + 0.7 * 0.414 = 0.59
+    assert rate == pytest.approx(0.3 + 0.7 * (1 - (7 / 8) ** 4), abs=0.03)
