@@ -10,8 +10,8 @@ import json
 import re
 
 import pytest
+from fn_engine import FN, FnEngine
 
-import grouprl.rollout.multiturn as mt
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.envs import make_env_factory
 from grouprl.envs.conversational import StepError, check_step_result
@@ -139,9 +139,9 @@ def test_textarena_game_trains_for_20_steps(tmp_path, tiny_model_dir, monkeypatc
         tokenizer_box["tok"] = tokenizer
         return binary_search(tokenizer, 1, 20, fmt="[{g}]")
 
-    monkeypatch.setattr(mt, "hf_generate_fn", policy)
+    monkeypatch.setattr(FnEngine, "policy", staticmethod(policy))
     rows = [{"seed": s} for s in range(4)]  # no prompt column: the game writes the prompt, the seed picks the number
-    cfg = GRPOConfig(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=4,
+    cfg = GRPOConfig(output_dir=str(tmp_path / "out"), rollout_backend=FN, num_generations=2, per_device_train_batch_size=4,
                      max_new_tokens=400, max_prompt_length=400, max_steps=20, max_turns=6, learning_rate=1e-3,
                      progress_bar=False, save_strategy="no", seed=0, eval_split=None, logging_steps=1,
                      environment="textarena:GuessTheNumber-v0")

@@ -18,7 +18,8 @@ import pytest
 pytest.importorskip("openenv.core.env_server.http_server")
 uvicorn = pytest.importorskip("uvicorn")
 
-import grouprl.rollout.multiturn as mt  # noqa: E402
+from fn_engine import FN, FnEngine  # noqa: E402
+
 from grouprl import GRPOConfig, GRPOTrainer  # noqa: E402
 from grouprl.envs import make_env_factory  # noqa: E402
 from grouprl.envs.resolve import resolve_environment  # noqa: E402
@@ -105,8 +106,8 @@ def test_openenv_environment_trains_for_20_steps(tmp_path, tiny_model_dir, monke
 
         return generate
 
-    monkeypatch.setattr(mt, "hf_generate_fn", policy)
-    cfg = GRPOConfig(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=4,
+    monkeypatch.setattr(FnEngine, "policy", staticmethod(policy))
+    cfg = GRPOConfig(output_dir=str(tmp_path / "out"), rollout_backend=FN, num_generations=2, per_device_train_batch_size=4,
                      max_new_tokens=128, max_prompt_length=128, max_steps=20, max_turns=4, learning_rate=1e-3,
                      progress_bar=False, save_strategy="no", seed=0, eval_split=None, logging_steps=1,
                      environment=f"openenv:{server_url}?observation=prompt")

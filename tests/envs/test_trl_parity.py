@@ -12,8 +12,8 @@ import json
 import re
 
 import pytest
+from fn_engine import FN, FnEngine
 
-import grouprl.rollout.multiturn as mt
 from grouprl import GRPOConfig, GRPOTrainer
 from grouprl.errors import ConfigError
 
@@ -41,7 +41,7 @@ def scripted_increment(tokenizer, right: bool = True):
 
 
 def config(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), num_generations=2, per_device_train_batch_size=4,
+    base = dict(output_dir=str(tmp_path / "out"), rollout_backend=FN, num_generations=2, per_device_train_batch_size=4,
                 gradient_accumulation_steps=1, max_new_tokens=64, max_prompt_length=256, max_steps=2,
                 learning_rate=1e-3, progress_bar=False, save_strategy="no", seed=0, eval_split=None,
                 log_completions_steps=1, num_completions_to_log=4)
@@ -56,7 +56,7 @@ def metrics(tmp_path) -> list[dict]:
 def test_example_1_no_dataset_env_owns_prompt_and_reward(tmp_path, tiny_model_dir, monkeypatch):
     from trl_examples import IncrementEnv
 
-    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tok, stop_ids=None, **kw: scripted_increment(tok))
+    monkeypatch.setattr(FnEngine, "policy", staticmethod(lambda model, tok, stop_ids=None, **kw: scripted_increment(tok)))
     trainer = GRPOTrainer(model=str(tiny_model_dir),
                           args=config(tmp_path, chat_template_kwargs={"enable_thinking": False}),
                           environment_factory=IncrementEnv)
@@ -81,7 +81,7 @@ def test_example_1_needs_max_steps(tmp_path, tiny_model_dir):
 def test_example_2_dataset_target_column_env_reward(tmp_path, tiny_model_dir, monkeypatch):
     from trl_example_dataset import IncrementEnv, dataset
 
-    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tok, stop_ids=None, **kw: scripted_increment(tok, False))
+    monkeypatch.setattr(FnEngine, "policy", staticmethod(lambda model, tok, stop_ids=None, **kw: scripted_increment(tok, False)))
     seen = {}
 
     def reads_envs(completions, environments, **kwargs):  # TRL passes one environment per completion
@@ -146,7 +146,7 @@ def test_close_hook_runs_once_per_rollout_and_is_not_a_tool(tmp_path, tiny_model
             closed.append(self)
 
     assert [t["function"]["name"] for t in make_env_factory(environment_factory=Session)().tools] == ["increment"]
-    monkeypatch.setattr(mt, "hf_generate_fn", lambda model, tok, stop_ids=None, **kw: scripted_increment(tok))
+    monkeypatch.setattr(FnEngine, "policy", staticmethod(lambda model, tok, stop_ids=None, **kw: scripted_increment(tok)))
     GRPOTrainer(model=str(tiny_model_dir), args=config(tmp_path, max_steps=1), environment_factory=Session).train()
     rollouts = [s for s in closed if getattr(s, "started", False)]  # the others are the start-up schema probes
     assert len(rollouts) == 4 and len({id(s) for s in rollouts}) == 4  # 2 prompts x 2 generations, closed once each
