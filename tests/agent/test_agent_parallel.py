@@ -62,7 +62,7 @@ def whole_params(model) -> dict[str, torch.Tensor]:
     """Every parameter whole (FSDP2 DTensors and ZeRO-3 partitions gathered; every rank calls it)."""
     from grouprl.train.parallel import ranks as dist
 
-    with dist.current().full_weights(model):
+    with dist.current().sharding.full_weights(model):
         return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
                 for k, v in model.named_parameters()}
 
