@@ -89,11 +89,15 @@ def candidate(rng: random.Random, reference: str, distractor: str) -> str:
 def judge_conversation(question: str, reference: str, answer: str) -> list[dict[str, str]]:
     """The judge's chat for one answer and the rule's reply (``{"score": 10}`` or ``{"score": 0}``)."""
     from grouprl.data.retrieval import INSTRUCTIONS
+    from grouprl.rewards._judge_client import cache_key
     from grouprl.rewards.judge import pointwise_messages, render_rubric
     from grouprl.rewards.retrieval import answer_present, judge_question
 
     shown = judge_question(f"{INSTRUCTIONS}\n\nQuestion: {question}")
-    messages = pointwise_messages(render_rubric("retrieval", shown, reference), shown, answer, SCALE)
+    # the reward fences each answer with a fresh random tag; a demonstration's tag is drawn from its item
+    # (random-looking, the same on every build, so the build stays deterministic)
+    tag = cache_key("fence", question, reference, answer)[:12]
+    messages = pointwise_messages(render_rubric("retrieval", shown, reference), shown, answer, SCALE, tag=tag)
     score = int(SCALE) if answer_present(answer, reference) else 0
     return messages + [{"role": "assistant", "content": f'{{"score": {score}}}'}]
 

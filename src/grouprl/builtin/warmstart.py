@@ -89,6 +89,9 @@ class WarmStart:
     no_tools_fraction: float = 0.0
     """With ``environment``: fraction of the direct answers shown a prompt that lists no tools (so the
     model also knows what to do when the tool is off: the baseline of the tool recipe)."""
+    demo_version: int = 0
+    """Bumped when a demonstration module's conversations change (``judge`` 1: each answer fenced by a
+    random tag, as the judge reward now sends it), so the cached build is rebuilt."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -99,7 +102,7 @@ class WarmStart:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0}
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
@@ -109,7 +112,7 @@ WARMSTARTS: dict[str, WarmStart] = {
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
                             no_tools_fraction=0.5, sft_steps=1200),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
-                       batch_size=16),
+                       batch_size=16, demo_version=1),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
 }
