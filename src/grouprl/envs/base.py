@@ -19,7 +19,9 @@ Tool schemas come from ``transformers.utils.get_json_schema`` (the OpenAI ``{"ty
 ``jsonschema`` before a tool runs, so a model's wrong call gets a message it can act on. What is
 hand-written here is only the adapter between those two libraries and the rollout.
 
-:func:`call_with_timeout` bounds one call. A Python tool that ignores the deadline keeps its (daemon)
+:func:`call_with_timeout` bounds one call, and caps what it returns (:class:`OutputCap`: bytes, then tokens) at
+the point where the result is produced: a tool that returns 10 MB costs milliseconds, and the model reads
+the first ``max_bytes`` / ``max_tokens`` with a note; such a call counts as a failed one (``output_too_long``). A Python tool that ignores the deadline keeps its (daemon)
 thread running until it returns: tools are trusted code. Model-written code never runs in this process;
 it goes to :mod:`grouprl.sandbox` (the ``python`` environment), whose jobs are killed at their deadline.
 """
@@ -33,11 +35,12 @@ import inspect
 import json
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from grouprl.errors import ConfigError, GroupRLError
 
-ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout")
+ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout", "output_too_long")
 NOT_TOOLS = frozenset({"reset", "get_reward"})  # TRL: every other public method is a tool
 
 
@@ -53,6 +56,39 @@ class BadArgumentsError(ToolError):
     """The model's arguments do not match the tool's schema."""
 
 
+@dataclass
+class OutputCap:
+    """The most a tool's result may put into a trajectory (``max_tool_output_bytes`` /
+    ``max_tool_output_tokens`` of the recipe; ``None`` = no limit of that kind). Bytes are cut first (one
+    look at the first ``max_bytes`` characters only, so a 10 MB result costs microseconds), then tokens with ``tokenizer``
+    when one is set (the run's; only the byte-capped text is tokenized)."""
+
+    max_bytes: int | None = 16384
+    max_tokens: int | None = 1024
+    tokenizer: Any = None
+
+    def apply(self, text: str) -> tuple[str, str | None]:
+        """``(text, None)`` when it fits, else ``(the kept head + a note for the model, a reason)``."""
+        reason = None
+        if self.max_bytes is not None and len(text) > self.max_bytes // 4:
+            # a character is 1-4 bytes: the first max_bytes characters hold the kept head, whatever the length
+            head = text[:self.max_bytes].encode("utf-8", "surrogatepass")
+            if len(head) > self.max_bytes or len(text) > self.max_bytes:
+                reason = f"{len(text):,} characters, over max_tool_output_bytes={self.max_bytes}"
+                text = head[:self.max_bytes].decode("utf-8", "ignore")
+        if self.max_tokens is not None and self.tokenizer is not None and len(text) > self.max_tokens:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if len(ids) > self.max_tokens:
+                text = self.tokenizer.decode(ids[:self.max_tokens], skip_special_tokens=True)
+                reason = reason or f"{len(ids):,} tokens, over max_tool_output_tokens={self.max_tokens}"
+        if reason is None:
+            return text, None
+        return f"{text}\n[output cut: the tool returned {reason}; ask for less]", reason
+
+
+DEFAULT_OUTPUT_CAP = OutputCap()
+
+
 class ToolEnv:
     """A live environment for ONE trajectory: its tools, their state, and an optional reward.
 
@@ -65,6 +101,7 @@ class ToolEnv:
 
     tools: list[dict]
     instance: Any = None
+    output_cap: OutputCap = DEFAULT_OUTPUT_CAP  # set per run by make_env_factory(output_cap=...)
 
     def __init__(self, fns: Mapping[str, Callable[..., Any]], tools: list[dict]) -> None:
         self._fns = dict(fns)
@@ -219,24 +256,33 @@ def _accepted_kwargs(fn: Callable[..., Any], row: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in row.items() if k in params}
 
 
-def make_env_factory(tools: list[Callable[..., Any]] | None = None,
-                     environment_factory: Any = None) -> Callable[[], ToolEnv]:
+def make_env_factory(tools: list[Callable[..., Any]] | None = None, environment_factory: Any = None,
+                     output_cap: OutputCap | None = None) -> Callable[[], ToolEnv]:
     """A zero-argument callable that builds one fresh :class:`ToolEnv` per trajectory.
 
     Give ``tools`` (plain functions), ``environment_factory`` (a class, a zero-argument callable returning
     an environment object, or ``{name: Cls}`` whose row column ``environment`` picks one), or both (as in
     TRL, the functions are offered next to the environment's methods). Schemas are built here, so a tool
-    the model could not be shown fails at start-up.
+    the model could not be shown fails at start-up. ``output_cap`` bounds every result (default
+    :data:`DEFAULT_OUTPUT_CAP`).
     """
     if tools is None and environment_factory is None:
         raise ConfigError("give tools=[fn, ...] (plain functions) and/or environment_factory=Cls (a class "
                           "whose public methods are tools); got neither")
     extra = _functions(tools) if tools is not None else ({}, [])
     if environment_factory is None:
-        return lambda: ToolEnv(*extra)
-    if isinstance(environment_factory, Mapping):
-        return _dict_factory(environment_factory, extra)
-    return _class_factory(environment_factory, extra)
+        build: Callable[[], ToolEnv] = lambda: ToolEnv(*extra)  # noqa: E731
+    elif isinstance(environment_factory, Mapping):
+        build = _dict_factory(environment_factory, extra)
+    else:
+        build = _class_factory(environment_factory, extra)
+    return build if output_cap is None else functools.partial(_capped, build, output_cap)
+
+
+def _capped(build: Callable[[], ToolEnv], cap: OutputCap) -> ToolEnv:
+    env = build()
+    env.output_cap = cap
+    return env
 
 
 def _functions(tools: list[Callable[..., Any]]) -> tuple[dict, list[dict]]:
@@ -311,7 +357,8 @@ def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float)
     """Run ``env.call(name, arguments)`` in a worker thread for at most ``timeout_s`` seconds. Never raises.
 
     Returns ``(text, error_kind)``: the tool's text and None, or a short message for the model and one
-    of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``. A Python tool that
+    of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``, ``"output_too_long"`` (the
+    text is then the result's head cut by the environment's :class:`OutputCap`, with a note). A Python tool that
     ignores the deadline keeps its daemon thread until it returns (tools are trusted code; untrusted
     code belongs in the sandbox, whose jobs are killed at their deadline), and may still change the
     environment's state after the timeout was reported. Calls on one environment are meant to be made
@@ -332,7 +379,8 @@ def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float)
         return f"error: tool {name!r} did not finish within {timeout_s:g}s", "timeout"
     err = box.get("error")
     if err is None:
-        return format_result(box.get("text", "")), None
+        text, over = getattr(env, "output_cap", DEFAULT_OUTPUT_CAP).apply(format_result(box.get("text", "")))
+        return text, None if over is None else "output_too_long"
     if isinstance(err, UnknownToolError):
         return f"error: {err}", "unknown_tool"
     if isinstance(err, BadArgumentsError):

@@ -28,6 +28,7 @@ class Agent:
     trajectory_timeout_s: float
     chat_template: str | None = None
     lean_sampler: bool | None = None  # as the recipe's lean_sampler: None = the lean sampler on CPU
+    output_cap: Any = None  # grouprl.envs.base.OutputCap of every tool result; its tokenizer is set at rollout
 
     def params(self, max_new_tokens: int) -> Any:
         from grouprl.rollout.multiturn import MultiTurnParams
@@ -88,7 +89,7 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
     ``config.yaml`` names it. Every name is imported and every schema built here: a typo fails at start-up.
     """
     from grouprl.builtins import load_builtins
-    from grouprl.envs.base import make_env_factory
+    from grouprl.envs.base import OutputCap, make_env_factory
     from grouprl.envs.resolve import resolve_environment, resolve_tools
 
     load_builtins()
@@ -110,9 +111,10 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
         raise ConfigError(f"rollout_backend={cfg.rollout_backend!r} serves single-turn runs; multi-turn tool "
                           f"rollouts (tools / environment) generate with the training model. Fix: set "
                           f"rollout_backend: transformers, or drop tools and environment.")
-    factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
+    cap = OutputCap(cfg.max_tool_output_bytes, cfg.max_tool_output_tokens)
+    factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env, output_cap=cap)
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
-                 cfg.chat_template, cfg.lean_sampler)
+                 cfg.chat_template, cfg.lean_sampler, cap)
 
 
 def rollout_rows(rows: list[dict], prompt_column: str, system_prompt: str | None) -> list[dict]:
@@ -135,6 +137,8 @@ def agent_rollout(agent: Agent, model: Any, tokenizer: Any, rows: list[dict], n:
     from grouprl.rollout.multiturn import MultiTurnRollout, hf_generate_fn
     from grouprl.rollout.trajectory import stack_trajectories
 
+    if agent.output_cap is not None:
+        agent.output_cap.tokenizer = tokenizer  # the token cap counts the policy's tokens
     runner = MultiTurnRollout(tokenizer, hf_generate_fn(model, tokenizer, lean=agent.lean_sampler),
                               agent.params(params.max_new_tokens),
                               env_factory=agent.env_factory, chat_template=agent.chat_template)
