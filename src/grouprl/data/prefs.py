@@ -147,10 +147,20 @@ def cache_root() -> Path:
     """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl`` (an absolute one, as the XDG spec says), else
     ``~/.cache/grouprl``: where every cache of grouprl lives (warm-started models, preference pairs)."""
     if os.environ.get("GROUPRL_CACHE"):
-        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "grouprl"
+        root, where = Path(os.environ["GROUPRL_CACHE"]).expanduser(), "$GROUPRL_CACHE"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+        root, where = base / "grouprl", "$XDG_CACHE_HOME/grouprl" if xdg else "~/.cache/grouprl"
+    for part in (root, *root.parents):
+        if part.exists():
+            if not part.is_dir():
+                from grouprl.errors import ConfigError
+
+                raise ConfigError(f"the grouprl cache {where}={str(root)!r} cannot be a folder: {str(part)!r} is a "
+                                  f"file. Fix: export GROUPRL_CACHE=<a folder> (or remove the file).")
+            break
+    return root
 
 
 def cache_key(settings: dict[str, Any]) -> str:

@@ -48,6 +48,37 @@ class ToolError(GroupRLError):
     """A tool call the environment refused; the message is written for the model to read."""
 
 
+class EnvironmentResetError(GroupRLError):
+    """An environment's ``reset()`` raised on a row (the message names the environment and the row)."""
+
+
+class BadEnvReward(float):
+    """NaN standing for a ``get_reward()`` value that is not a finite number; ``why`` says what it was. The
+    trainer stops on it (:func:`grouprl.train.agent.add_env_rewards`) with that line, instead of dropping
+    the sample and blaming the reward functions."""
+
+    why: str
+
+    def __new__(cls, why: str) -> BadEnvReward:
+        obj = super().__new__(cls, "nan")
+        obj.why = why
+        return obj
+
+
+def checked_env_reward(value: Any, env_name: str) -> float | None:
+    """``get_reward()``'s value: None, a finite float, or a :class:`BadEnvReward` naming what came back."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, str, bytes)) or not isinstance(value, (int, float)) and not hasattr(value, "__float__"):
+        return BadEnvReward(f"{env_name}.get_reward() returned {value!r} ({type(value).__name__}): it must return "
+                            f"a float (or None for no reward). Fix: return float(...).")
+    number = float(value)
+    if number != number or number in (float("inf"), float("-inf")):
+        return BadEnvReward(f"{env_name}.get_reward() returned {number}: a reward must be a finite float (or None "
+                            f"for no reward). Fix the environment's reward for this trajectory.")
+    return number
+
+
 class UnknownToolError(ToolError):
     """The model called a tool this environment does not have."""
 
@@ -150,7 +181,16 @@ class ClassToolEnv(ToolEnv):
 
     def reset(self, row: Mapping[str, Any]) -> str | None:
         reset = self.instance.reset
-        out = _resolve(reset(**_accepted_kwargs(reset, row)))
+        try:
+            out = _resolve(reset(**_accepted_kwargs(reset, row)))
+        except GroupRLError:
+            raise
+        except Exception as e:  # the user's environment: name it and the row, not only the traceback's last line
+            prompt = str(row.get("prompt", ""))
+            raise EnvironmentResetError(
+                f"{type(self.instance).__name__}.reset() raised {type(e).__name__}: {e} -- on the row with "
+                f"prompt {prompt[:80]!r}{'...' if len(prompt) > 80 else ''} (columns: {', '.join(map(str, row))}). "
+                f"Fix the environment's reset(**row) for such rows, or drop them from the data.") from e
         if out is not None and not isinstance(out, str):
             raise TypeError(f"{type(self.instance).__name__}.reset() returned {type(out).__name__}; "
                             f"it must return a string (added to the prompt) or None")
@@ -160,8 +200,7 @@ class ClassToolEnv(ToolEnv):
         get_reward = getattr(self.instance, "get_reward", None)
         if get_reward is None:
             return None
-        value = _resolve(get_reward())
-        return None if value is None else float(value)
+        return checked_env_reward(_resolve(get_reward()), type(self.instance).__name__)
 
 
 def public_methods(cls: type) -> list[str]:

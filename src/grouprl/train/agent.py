@@ -187,7 +187,14 @@ def _model_turns(traj: Any) -> list[str]:
 
 def add_env_rewards(totals: list[float], trajectories: list) -> list[float]:
     """TRL's rule: the environment's ``get_reward()`` is added to the weighted sum of the reward functions
-    (``reward_weights`` do not apply to it); a trajectory without one adds nothing."""
+    (``reward_weights`` do not apply to it); a trajectory without one adds nothing. A value that is not a
+    finite number (:class:`grouprl.envs.base.BadEnvReward`) stops the run with the line that names it."""
+    from grouprl.errors import RewardError
+
+    for traj in trajectories:
+        if traj.env_reward is not None and traj.env_reward != traj.env_reward:
+            raise RewardError(getattr(traj.env_reward, "why", "the environment's get_reward() returned nan: return "
+                                                              "a finite float or None."))
     return [t + (traj.env_reward or 0.0) for t, traj in zip(totals, trajectories)]
 
 

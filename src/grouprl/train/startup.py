@@ -76,6 +76,9 @@ def looks_like_path(name: str) -> bool:
 def check_model_folder(name: str, what: str = "model") -> None:
     """A local ``name`` must be a saved model (config.json) or LoRA adapter (adapter_config.json)."""
     if name.startswith("builtin:"):
+        from grouprl.data.prefs import cache_root
+
+        cache_root()  # where a built-in model is built: a file there is an error now, not a traceback later
         return
     path = Path(name).expanduser()
     if path.is_dir():

@@ -35,6 +35,11 @@ class GRPOTrainer:
                  processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
                  eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None,
                  tools: list | None = None, environment_factory: Any = None) -> None:
+        if isinstance(model, GRPOConfig):  # GRPOTrainer(GRPOConfig(...)): the config given first, as TRL users do
+            if config is not None or args is not None:
+                raise ConfigError("GRPOTrainer(GRPOConfig(...), ...): the first argument is the model. Fix: "
+                                  "GRPOTrainer(config=GRPOConfig(...), train_dataset=...), keywords after it.")
+            model, config = None, model
         if config is not None and args is not None and config is not args:
             raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
         self.config = cfg = config or args or GRPOConfig()
