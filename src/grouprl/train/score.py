@@ -133,7 +133,7 @@ def awaited(fn: Callable) -> Callable:
     import functools
     import inspect
 
-    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(type(fn), "__call__", None))):
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):
         return fn
 
     @functools.wraps(fn)
