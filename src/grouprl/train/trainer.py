@@ -240,7 +240,12 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
     command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
-    if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
+    in_main = [n for n in [*cfg.tools, cfg.environment or ""] if str(n).startswith("__main__:")]
+    if in_main:  # a script's own functions: another process cannot import them by that name
+        lines.append(f"re-evaluate:  {', '.join(map(str, in_main))} live in the script that ran (__main__); move "
+                     f"them into a module (e.g. my_tools.py), use my_tools:NAME in {recipe}, then: "
+                     f"PYTHONPATH=. {command}")
+    elif cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
         lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
     elif not evals:  # e.g. a single file: no held-out split, so a command would fail
         lines.append(f"re-evaluate:  {cfg.dataset} has no {cfg.eval_split!r} split, so this run has no held-out "
