@@ -26,6 +26,11 @@ class RewardError(GroupRLError, RuntimeError):
     """A reward function misbehaved; the message names the function and the sample."""
 
 
+class SaveError(GroupRLError, OSError):
+    """A checkpoint or the final model could not be written (a full disk, ...); the message says what was
+    kept intact and how to go on."""
+
+
 class UnknownNameError(GroupRLError, KeyError):
     """A registry lookup failed; the message lists the known names and the closest match."""
 
