@@ -131,6 +131,25 @@ def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
     return filled
 
 
+def dataset_object(given: Any) -> Any:
+    """``train_dataset=`` / ``eval_dataset=`` as the loader takes it: a pandas DataFrame or a dict of
+    equal-length column lists becomes a ``datasets.Dataset`` (they were read as a file name before); any other
+    value is returned as it is. Unequal columns are a ConfigError naming their lengths."""
+    if type(given).__name__ == "DataFrame" and hasattr(given, "to_dict"):
+        import datasets
+
+        return datasets.Dataset.from_pandas(given, preserve_index=False)
+    if isinstance(given, dict) and given and all(isinstance(v, (list, tuple)) for v in given.values()):
+        lengths = {str(k): len(v) for k, v in given.items()}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"train_dataset as a dict of columns needs columns of one length; got {lengths}. "
+                              f"Fix: one value per row in every column.")
+        import datasets
+
+        return datasets.Dataset.from_dict({k: list(v) for k, v in given.items()})
+    return given
+
+
 def preflight(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
     folder is checked after the data, by ``grouprl.train.model.check_model_source``.)"""

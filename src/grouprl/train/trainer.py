@@ -119,7 +119,9 @@ class GRPOTrainer:
     def _load_split(self, given: Any, split: str | None, limit: int | None, *, required: bool):
         cfg = self.config
         if given is not None:
-            ds = load_dataset_any(given, split or "train", **cfg.dataset_kwargs)
+            from grouprl.train.startup import dataset_object
+
+            ds = load_dataset_any(dataset_object(given), split or "train", **cfg.dataset_kwargs)
         elif cfg.dataset is not None and split is not None:
             ds = load_dataset_any(cfg.dataset, split, **cfg.dataset_kwargs)
         else:
