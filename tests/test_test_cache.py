@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from conftest import TEST_CACHE
-
 from grouprl.builtin.warmstart import default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
