@@ -111,5 +111,6 @@ def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
         positives += rule
         agree += (score > 0.5) == rule
     base = max(positives, len(items) - positives) / len(items)
+    print(f"builtin:judge held-out agreement {agree / len(items):.3f} over {len(items)} (majority {base:.3f})")
     assert agree / len(items) >= max(HELDOUT_AGREEMENT_FLOOR, base + 0.2), (agree / len(items), base)
 

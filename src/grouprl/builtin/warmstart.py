@@ -358,7 +358,12 @@ def _sft(model, encoded, spec: WarmStart, *, pad_id: int) -> list[float]:
     model.train()
     order: list[int] = []
     losses = []
-    for _ in range(spec.sft_steps):
+    start, every = time.perf_counter(), max(1, spec.sft_steps // 10)
+    for step in range(spec.sft_steps):
+        if step and step % every == 0:  # the build takes minutes on a CPU: say how far it is
+            left = (time.perf_counter() - start) / step * (spec.sft_steps - step)
+            print(f"grouprl:   SFT step {step}/{spec.sft_steps}, loss {losses[-1]:.3f}, about {left:.0f} s left",
+                  file=sys.stderr, flush=True)
         if len(order) < spec.batch_size:
             order += torch.randperm(len(encoded), generator=gen).tolist()
         idx, order = order[: spec.batch_size], order[spec.batch_size :]
