@@ -35,17 +35,8 @@ class GRPOTrainer:
                  processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
                  eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None,
                  tools: list | None = None, environment_factory: Any = None) -> None:
-        if isinstance(model, GRPOConfig):  # GRPOTrainer(GRPOConfig(...)): the config given first, as TRL users do
-            if config is not None or args is not None:
-                raise ConfigError("GRPOTrainer(GRPOConfig(...), ...): the first argument is the model. Fix: "
-                                  "GRPOTrainer(config=GRPOConfig(...), train_dataset=...), keywords after it.")
-            model, config = None, model
-        if config is not None and args is not None and config is not args:
-            raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
-        self.config = cfg = config or args or GRPOConfig()
-        if not isinstance(cfg, GRPOConfig):
-            raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
-                              f"`from grouprl import GRPOConfig`.")
+        model, self.config = _model_and_config(model, config, args)
+        cfg = self.config
         if cfg.algorithm == "dpo":  # offline preference pairs have their own loop
             raise ConfigError("algorithm: dpo trains on preference pairs with its own loop: run "
                               "`grouprl train -c recipe.yaml` or call grouprl.train.dpo_run.run_dpo(config).")
@@ -193,6 +184,23 @@ class GRPOTrainer:
         rows = [self.eval_dataset[i] for i in range(len(self.eval_dataset))]
         return evaluate_model(self.config, self.model, self.tokenizer, rows, self.eval_reward_func, agent=self.agent,
                               **overrides)
+
+
+def _model_and_config(model: Any, config: Any, args: Any) -> tuple[Any, GRPOConfig]:
+    """``(model, config)`` from the constructor's arguments; ``GRPOTrainer(GRPOConfig(...))`` -- the config
+    given first, as TRL users write ``GRPOTrainer(args)`` -- is taken as the config."""
+    if isinstance(model, GRPOConfig):
+        if config is not None or args is not None:
+            raise ConfigError("GRPOTrainer(GRPOConfig(...), ...): the first argument is the model. Fix: "
+                              "GRPOTrainer(config=GRPOConfig(...), train_dataset=...), keywords after it.")
+        model, config = None, model
+    if config is not None and args is not None and config is not args:
+        raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
+    cfg = config or args or GRPOConfig()
+    if not isinstance(cfg, GRPOConfig):
+        raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
+                          f"`from grouprl import GRPOConfig`.")
+    return model, cfg
 
 
 def _tokenizer_for(source: Any, processing_class: Any):
