@@ -300,3 +300,15 @@ def test_a_run_with_main_module_tools_prints_how_to_reevaluate(tmp_path, capsys)
                    "final_model": str(tmp_path / "final"), "metrics_path": "m", "samples_path": "s"}, cfg)
     out = capsys.readouterr().out
     assert "__main__:calculator live in the script that ran (__main__); move them into a module" in out
+
+
+# ---- others like them, found on the way -------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["./missing.jsonl", "missing.jsonl", "data/train.csv"])
+def test_a_dataset_file_that_does_not_exist(no_model, capsys, name):
+    assert main(["train", *BASE, "model=builtin:arithmetic", f"dataset={name}", "--dry-run"]) == 2
+    assert f"dataset='{name}': no such file or folder" in one_line(capsys)
+
+
+def test_check_template_on_a_folder_that_does_not_exist(no_model, capsys):
+    assert main(["check-template", "./nope"]) == 2
+    assert "model='./nope': no such folder" in one_line(capsys)

@@ -27,11 +27,11 @@ def load_tokenizer(name: str):
         from importlib import import_module
 
         return import_module("grouprl.builtin.tiny").build_tokenizer()
-    from transformers import AutoTokenizer
+    from grouprl.train.model import load_tokenizer as load, resolve_model_path
+    from grouprl.train.startup import check_model_folder
 
-    from grouprl.train.model import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path(name))
+    check_model_folder(name)  # './nope': "no such folder", not a hub id error's traceback
+    return load(resolve_model_path(name))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -150,10 +150,24 @@ def dataset_object(given: Any) -> Any:
     return given
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt")
+
+
+def check_dataset_path(dataset: Any) -> None:
+    """A ``dataset`` that names a local file or folder (``./x.jsonl``, ``data/train.jsonl``) must exist: "no
+    such file" now, not a hub lookup's "Repo id must use alphanumeric chars" later."""
+    if not isinstance(dataset, str) or dataset.startswith("builtin:") or Path(dataset).expanduser().exists():
+        return
+    if looks_like_path(dataset) or dataset.lower().endswith(DATA_SUFFIXES):
+        raise ConfigError(f"dataset={dataset!r}: no such file or folder (looked in {str(Path.cwd())!r}). Fix: check "
+                          f"the path; a hub dataset id looks like org/name, a built-in task like builtin:arithmetic.")
+
+
 def preflight(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
     folder is checked after the data, by ``grouprl.train.model.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
+    check_dataset_path(cfg.dataset)
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint
     if isinstance(resume, str) and ("/" in resume or resume.startswith("checkpoint-")):
