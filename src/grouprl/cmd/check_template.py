@@ -27,7 +27,8 @@ def load_tokenizer(name: str):
         from importlib import import_module
 
         return import_module("grouprl.builtin.tiny").build_tokenizer()
-    from grouprl.train.model import load_tokenizer as load, resolve_model_path
+    from grouprl.train.model import load_tokenizer as load
+    from grouprl.train.model import resolve_model_path
     from grouprl.train.startup import check_model_folder
 
     check_model_folder(name)  # './nope': "no such folder", not a hub id error's traceback
