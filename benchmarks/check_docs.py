@@ -15,6 +15,7 @@ figure outside them on your machine is worth a look, not necessarily a bug.
     python benchmarks/check_docs.py                      # every claim, seeds 0 1 2 (~25 min on 2 busy cores)
     python benchmarks/check_docs.py --only default gspo --seeds 0
     python benchmarks/check_docs.py --from runs/check-docs/results.json   # compare stored results again
+    python benchmarks/check_docs.py --reuse              # train only what runs/check-docs/ does not hold yet
 """
 
 from __future__ import annotations
@@ -63,9 +64,19 @@ def evals(metrics: Path) -> list[tuple[int, float]]:
     return out
 
 
-def run_one(name: str, seed: int) -> dict:
+def finished(out_dir: Path) -> dict | None:
+    """The record of a run this script finished earlier in ``out_dir`` (``--reuse``), or None."""
+    done = out_dir / "check_docs.json"
+    if not (done.is_file() and (out_dir / "final").is_dir()):
+        return None
+    return json.loads(done.read_text())
+
+
+def run_one(name: str, seed: int, reuse: bool = False) -> dict:
     args, _, _ = CLAIMS[name]
     out_dir = OUT / name / f"seed{seed}"
+    if reuse and finished(out_dir):
+        return finished(out_dir)
     cmd = [sys.executable, "-m", "grouprl", "train", *args, f"seed={seed}", f"output_dir={out_dir}",
            "overwrite_output_dir=true", "resume_from_checkpoint=null", "report_to=none", "progress_bar=false"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -79,6 +90,7 @@ def run_one(name: str, seed: int) -> dict:
     record = {"seed": seed, "end": points[-1][1], "evals": points, "wall_s": wall}
     if points and points[0][0] == 0:
         record["start"] = points[0][1]
+    (out_dir / "check_docs.json").write_text(json.dumps(record))
     return record
 
 
@@ -102,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one torch thread)")
     ap.add_argument("--from", dest="stored", help="compare the runs of a stored results.json, run nothing")
+    ap.add_argument("--reuse", action="store_true", help="take a run this script finished before in "
+                    "runs/check-docs/<claim>/seed<S> instead of training it again")
     a = ap.parse_args(argv)
     names = a.only or list(CLAIMS)
     if a.stored:
@@ -109,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {n: stored[n]["runs"] for n in names if n in stored}
     else:
         with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-            futures = {(n, s): pool.submit(run_one, n, s) for n in names for s in a.seeds}
+            futures = {(n, s): pool.submit(run_one, n, s, a.reuse) for n in names for s in a.seeds}
         runs = {n: [futures[n, s].result() for s in a.seeds] for n in names}
     result = {"claims": {n: judge(n, r) for n, r in runs.items()},
               "note": "held-out accuracy in %, greedy; results vary with the CPU (see the module docstring)"}
