@@ -12,7 +12,7 @@ Results vary with the CPU (its floating-point details change the warm start's bu
 completion after it): the ranges are what seeds 0-2 gave on the machines we measured, with a margin; a
 figure outside them on your machine is worth a look, not necessarily a bug.
 
-    python benchmarks/check_docs.py                      # every claim, seeds 0 1 2 (~25 min on 2 busy cores)
+    python benchmarks/check_docs.py --jobs 2             # every claim, seeds 0 1 2 (18 runs; PPO's take most)
     python benchmarks/check_docs.py --only default gspo --seeds 0
     python benchmarks/check_docs.py --from runs/check-docs/results.json   # compare stored results again
     python benchmarks/check_docs.py --reuse              # train only what runs/check-docs/ does not hold yet
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "check-docs"
 QUICK = ["model=builtin:arithmetic", "dataset=builtin:arithmetic", "reward_funcs=[accuracy]", "max_steps=10",
          "learning_rate=2e-4", "per_device_train_batch_size=128", "num_generations=8", "max_eval_samples=200"]
-PLUGINS = ["policy_loss=extending.my_loss:cpi_loss", "advantage=extending.my_advantage:rank_advantages",
+PLUGINS = ["-c", "recipes/default.yaml", "policy_loss=extending.my_loss:cpi_loss", "advantage=extending.my_advantage:rank_advantages",
            "reward_funcs=[accuracy,extending.my_reward:mentions_answer]",
            "rollout_backend=extending.my_backend:RecordingBackend", "max_steps=10", "eval_steps=0",
            "eval_before_train=false"]
@@ -81,11 +81,14 @@ def run_one(name: str, seed: int, reuse: bool = False) -> dict:
            "overwrite_output_dir=true", "resume_from_checkpoint=null", "report_to=none", "progress_bar=false"]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "examples"), os.environ.get("PYTHONPATH")]))}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir.parent / f"seed{seed}.log"  # a file, not a pipe: the run survives this script's end
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    with log.open("w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, text=True)
     wall = round(time.perf_counter() - t0, 1)
     if proc.returncode != 0:
-        return {"seed": seed, "error": (proc.stderr or proc.stdout).strip().splitlines()[-1:], "wall_s": wall}
+        return {"seed": seed, "error": log.read_text().strip().splitlines()[-1:], "wall_s": wall, "log": str(log)}
     points = evals(out_dir / "metrics.jsonl")
     record = {"seed": seed, "end": points[-1][1], "evals": points, "wall_s": wall}
     if points and points[0][0] == 0:

@@ -122,7 +122,7 @@ def test_a_reward_returning_text_is_refused(form):
         return "1.0"
 
     fn = batch if form == "batch" else sample
-    with pytest.raises(RewardError, match=f"reward '{form}' returned the str '1.0' for sample 0"):
+    with pytest.raises(RewardError, match=f"reward '{form}' returned '1.0' for sample 0: a str, not a score"):
         RewardScorer(resolve_reward_funcs([fn])).score(["p"], ["a"], {})
 
 

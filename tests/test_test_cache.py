@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TEST_CACHE
 from grouprl.builtin.warmstart import default_cache_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+TEST_CACHE = Path(os.environ.get("GROUPRL_TEST_CACHE") or ROOT / ".cache" / "grouprl-test")  # tests/conftest.py
 
 
 def test_the_suite_uses_its_own_cache_folder():

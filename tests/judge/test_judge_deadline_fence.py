@@ -128,7 +128,8 @@ def test_an_injected_closing_tag_stays_inside_the_fence_pointwise(injection):
     with FakeJudge(obedient) as srv:
         plain, injected = judge_reward(["q", "q"], ["Paris", answer], base_url=srv.base_url, model="m")
     assert plain == injected == 0.6
-    assert answers_in(srv.requests[1][0]) == [answer]  # the whole answer, verbatim, inside one fence
+    shown = sorted(answers_in(body) for body, _ in srv.requests)  # requests arrive in either order
+    assert shown == sorted([["Paris"], [answer]])  # the whole answer, verbatim, inside one fence
 
 
 def test_an_injected_closing_tag_stays_inside_the_fence_in_group_mode():

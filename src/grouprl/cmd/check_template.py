@@ -27,12 +27,18 @@ def load_tokenizer(name: str):
         from importlib import import_module
 
         return import_module("grouprl.builtin.tiny").build_tokenizer()
-    from grouprl.train.model import load_tokenizer as load
-    from grouprl.train.model import resolve_model_path
-    from grouprl.train.startup import check_model_folder
+    from pathlib import Path
 
-    check_model_folder(name)  # './nope': "no such folder", not a hub id error's traceback
-    return load(resolve_model_path(name))
+    from transformers import AutoTokenizer
+
+    from grouprl.errors import ConfigError
+    from grouprl.train.model import resolve_model_path
+    from grouprl.train.startup import looks_like_path
+
+    if looks_like_path(name) and not Path(name).expanduser().exists():  # not a hub id error's traceback
+        raise ConfigError(f"model={name!r}: no such folder (looked in {str(Path.cwd())!r}). Fix: give a model or "
+                          f"tokenizer folder, a hub id (org/name), builtin:<name> or tiny.")
+    return AutoTokenizer.from_pretrained(resolve_model_path(name))
 
 
 def run(args: argparse.Namespace) -> int:

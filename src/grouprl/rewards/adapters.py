@@ -182,8 +182,8 @@ def as_score(value: Any, name: str, i: int) -> float | None:
     if value is None:
         return None
     if isinstance(value, (str, bytes)):
-        raise RewardError(f"reward {name!r} returned the {type(value).__name__} {value!r} for sample {i}: expected a "
-                          f"float or None. Fix: return float(...) of it.")
+        raise RewardError(f"reward {name!r} returned {value!r} for sample {i}: a {type(value).__name__}, not a score; "
+                          f"expected a float or None. Fix: return float(...) of it.")
     try:
         return float(value)
     except (TypeError, ValueError):

@@ -113,9 +113,9 @@ class RewardScorer:
         if value is None:
             return math.nan
         if isinstance(value, (str, bytes)):
-            raise RewardError(f"reward function {name!r} returned the {type(value).__name__} {value!r} for sample {i} "
-                              f"(completion {_short(completion)}): expected a float or None. Fix: return "
-                              f"float(...) of it; text is never read as a number silently.")
+            raise RewardError(f"reward function {name!r} returned {value!r} for sample {i} (completion "
+                              f"{_short(completion)}): a {type(value).__name__}, not a score; expected a float or "
+                              f"None. Fix: return float(...) of it; text is never read as a number silently.")
         try:
             number = float(value)
         except (TypeError, ValueError):
