@@ -18,7 +18,9 @@ match for attention. The judge prompt shows the reference after the candidate, a
 the reply, and the SFT loss covers every token (:func:`demo_encode`): predicting the reference from the
 candidate trains the duplicate-token attention the score reads.
 
-What it reaches (2,000 SFT steps, batch 16, ~13 CPU-minutes): 0.830 agreement with the rule on the 88
+What it reached before answers were fenced by a random tag (``demo_version`` 0; the fenced build, version 1,
+is rebuilt on first use and not re-measured yet -- the slow test of tests/judge/test_builtin_judge.py does,
+with a floor of 0.75) (2,000 SFT steps, batch 16, ~13 CPU-minutes): 0.830 agreement with the rule on the 88
 held-out items of :func:`heldout_items` (always-0 would get 0.534), 0.84 on its training distribution,
 0.827 on the retrieval recipe's real answers (800 steps: 0.670 held-out, no better than chance on its
 training distribution). Of its 15 held-out errors, 10 are a 10 for a wrong answer (one a near miss,
