@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.grouprl-bench-installed
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup run test test-all lint bench bench-all clean sandbox-deps browser-deps
+.PHONY: setup run test test-all lint bench bench-all check-docs clean sandbox-deps browser-deps
 
 setup: $(STAMP) sandbox-deps
 
@@ -70,5 +70,13 @@ bench-all: $(BENCH_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/vs_trl.py --size all --clock cpu --repeats 3 --floor-repeats 2 \
 		--out benchmarks/results/vs_trl_sizes.json $(BENCH_ARGS) > /dev/null
 
+# Re-measure every learning figure the README, the recipe headers and docs/ quote (3 seeds each, one torch
+# thread per run, outputs in runs/check-docs/) and compare it with the quoted range; prints JSON, exit 1 when
+# a figure is outside its range. CHECK_DOCS_ARGS='--only default --seeds 0' re-checks a part.
+CHECK_DOCS_ARGS ?= --jobs 2
+check-docs: setup
+	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/check_docs.py $(CHECK_DOCS_ARGS)
+
+# .cache/grouprl-test is the test suite's cache of built models (tests/conftest.py); clean removes it too
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis runs outputs
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis runs outputs .cache/grouprl-test

@@ -154,10 +154,10 @@ def recipe_rounds(rounds: int) -> dict[str, list[dict]]:
     from grouprl.data.load import load_dataset_any
     from grouprl.envs.base import make_env_factory
     from grouprl.envs.resolve import resolve_environment
+    from grouprl.models import resolve_model_path
     from grouprl.rollout.agent_round import agent_round
     from grouprl.rollout.engine import TransformersEngine
     from grouprl.train.agent import rollout_rows
-    from grouprl.models import resolve_model_path
 
     load_builtins()
     cfg = GRPOConfig.from_yaml(ROOT / "recipes" / "agent_calculator.yaml")

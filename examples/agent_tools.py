@@ -1,7 +1,10 @@
 """Train a tool-using agent with GRPO: a plain Python function as the tool, rewards that see the trajectory.
 
     python examples/agent_tools.py                       # builtin:arithmetic, 20 steps on CPU
-    python examples/agent_tools.py --model PATH --steps 2 --output-dir /tmp/agent   # any local model
+    python examples/agent_tools.py --model PATH --steps 2 --output-dir runs/agent   # any local model
+
+Without ``--output-dir`` the run goes to ``grouprl-agent_tools`` in the system's temporary folder, so the
+example writes nothing into the folder it is run from.
 
 The model may call ``multiply`` by writing ``<tool_call>multiply(a=123, b=456)</tool_call>`` (or the
 Hermes JSON form); the rollout runs the call, appends the result as a tool turn and lets the model go on.
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import tempfile
 from pathlib import Path
 
 from grouprl import GRPOConfig, GRPOTrainer
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", default="builtin:arithmetic")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--output-dir", default="out/agent_tools")
+    p.add_argument("--output-dir", default=str(Path(tempfile.gettempdir()) / "grouprl-agent_tools"))
     args = p.parse_args(argv)
     config = GRPOConfig(
         output_dir=args.output_dir, overwrite_output_dir=True, max_steps=args.steps, num_generations=4,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -13,6 +14,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# The suite keeps to a cache of its own: warm starts and preference pairs it builds go to .cache/grouprl-test in
+# the checkout (ignored by git; kept between runs, so a second `make test` builds nothing), never to the
+# user's ~/.cache/grouprl. GROUPRL_TEST_CACHE picks another folder. Subprocesses of the tests inherit it.
+TEST_CACHE = Path(os.environ.get("GROUPRL_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "grouprl-test")
+os.environ["GROUPRL_CACHE"] = str(TEST_CACHE)
 
 
 @pytest.fixture(scope="session")

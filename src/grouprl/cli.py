@@ -8,6 +8,7 @@ nothing heavy at module level, so ``grouprl --help`` is instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import re
@@ -60,13 +61,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 1
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below, not at interpreter exit
+        return rc
     except GroupRLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `grouprl ... | head`: the reader left; what it read is all it wanted
+        _silence_stdout()
+        return 0
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: no space left on the device writing {e.filename or 'a file'!s} ({e.strerror}). Fix: free "
+              f"disk space (or point output_dir / GROUPRL_CACHE elsewhere) and run again; the last complete "
+              f"checkpoint is kept.", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe, point stdout at /dev/null so that Python's exit-time flush raises nothing."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -136,9 +136,18 @@ def pick_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model", "spiece.model",
+                   "vocab.txt")
+
+
 def load_tokenizer(source: Any, processing_class: Any = None):
     from transformers import AutoTokenizer
 
+    folder = Path(str(source)).expanduser() if processing_class is None and source is not None else None
+    if folder is not None and folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"model folder {str(source)!r} holds no tokenizer ({', '.join(TOKENIZER_FILES[:3])}, ...), "
+                          f"so its prompts cannot be encoded. Fix: save the tokenizer there too "
+                          f"(tokenizer.save_pretrained({str(source)!r})), or pass processing_class=tokenizer.")
     try:
         tok = processing_class if processing_class is not None else AutoTokenizer.from_pretrained(source)
     except OSError as e:

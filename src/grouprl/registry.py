@@ -64,6 +64,10 @@ class Registry:
             module = importlib.import_module(module_name)
         except ImportError as e:
             raise UnknownNameError(f"{self.kind} plug-in {spec!r}: cannot import {module_name!r} ({e})") from e
+        except Exception as e:  # a SyntaxError, or anything the module raised while it ran
+            from grouprl.errors import import_failure
+
+            raise UnknownNameError(import_failure(f"{self.kind} plug-in", spec, module_name, e)) from e
         obj: Any = module
         for part in attr.split("."):
             if not hasattr(obj, part):

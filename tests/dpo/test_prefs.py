@@ -78,7 +78,8 @@ def test_arithmetic_prefs_are_right_versus_wrong_deterministic_and_cached(tiny_m
     assert again == pairs
     (built,) = (tmp_path / "cache" / "prefs").iterdir()
     assert json.loads((built / "meta.json").read_text())["samples_drawn"] == 120
-    (built / "pairs.jsonl").write_text(json.dumps({**pairs[0], "chosen": "from the cache"}) + "\n")
+    edited = [{**pairs[0], "chosen": "from the cache"}, *pairs[1:]]  # as many pairs as built: a whole entry
+    (built / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in edited))
     cached, _ = arithmetic_prefs(cfg, model, tok, cache_dir=tmp_path / "cache")
     assert cached[0]["chosen"] == "from the cache"  # the second call reads the cache, samples nothing
     other = dpo_config(tmp_path, dataset="builtin:arithmetic_prefs", rollout_backend="dpo_helpers:OracleBackend",

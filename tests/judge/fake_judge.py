@@ -18,10 +18,18 @@ def chat_reply(text: str) -> dict:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
 
 
+FENCED = re.compile(r"<(answer-[0-9a-f]{12}(?:-\d+)?)>\n(.*?)\n</\1>", re.DOTALL)
+
+
 def answers_in(body: dict) -> list[str]:
-    """The answers shown to the judge, in the order shown."""
+    """The answers shown to the judge, in the order shown (the text inside each random-tag fence)."""
     user = body["messages"][-1]["content"]
-    return re.findall(r"<answer>\n(.*?)\n</answer>", user, re.DOTALL)
+    return [text for _, text in FENCED.findall(user)]
+
+
+def outside_fences(body: dict) -> str:
+    """The judge's prompt with every fenced answer cut out: the text a judge reads as instructions."""
+    return FENCED.sub("", body["messages"][-1]["content"])
 
 
 class FakeJudge:

@@ -24,7 +24,7 @@ def real_run(tmp_path_factory):
            "eval_steps=3", "max_eval_samples=20", f"output_dir={out}", "overwrite_output_dir=true",
            "log_completions_steps=2", "num_completions_to_log=16", "progress_bar=false"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
-    # the first run on a machine builds the warm-start model (cached in .cache/grouprl under ROOT, ~2 min)
+    # the first run of the suite builds the warm-start model (cached in the test cache, tests/conftest.py, ~2 min)
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stderr[-4000:]
     return out

@@ -323,7 +323,7 @@ def test_a_dataset_without_answer_warns_before_the_model_loads(fast_config, tmp_
         GRPOTrainer(model=str(tmp_path / "missing"), config=fast_config(), train_dataset=rows,
                     reward_funcs=["accuracy"])
     err = capsys.readouterr().err
-    assert "reward function 'accuracy' reads the column `answer`, which is not in the dataset" in err
+    assert "reward function 'accuracy' reads the column `answer` / `ground_truth` / `solution`, which is not in the dataset" in err
     from grouprl.run.reward_signal import missing_reward_columns
 
     assert missing_reward_columns(["code"], [{"prompt": "p", "tests": None}])[0].startswith(

@@ -18,7 +18,9 @@ match for attention. The judge prompt shows the reference after the candidate, a
 the reply, and the SFT loss covers every token (:func:`demo_encode`): predicting the reference from the
 candidate trains the duplicate-token attention the score reads.
 
-What it reaches (2,000 SFT steps, batch 16, ~13 CPU-minutes): 0.830 agreement with the rule on the 88
+What it reached before answers were fenced by a random tag (``demo_version`` 0; the fenced build, version 1,
+is rebuilt on first use and not re-measured yet -- the slow test of tests/judge/test_builtin_judge.py does,
+with a floor of 0.75) (2,000 SFT steps, batch 16, ~13 CPU-minutes): 0.830 agreement with the rule on the 88
 held-out items of :func:`heldout_items` (always-0 would get 0.534), 0.84 on its training distribution,
 0.827 on the retrieval recipe's real answers (800 steps: 0.670 held-out, no better than chance on its
 training distribution). Of its 15 held-out errors, 10 are a 10 for a wrong answer (one a near miss,
@@ -89,11 +91,15 @@ def candidate(rng: random.Random, reference: str, distractor: str) -> str:
 def judge_conversation(question: str, reference: str, answer: str) -> list[dict[str, str]]:
     """The judge's chat for one answer and the rule's reply (``{"score": 10}`` or ``{"score": 0}``)."""
     from grouprl.data.retrieval import INSTRUCTIONS
+    from grouprl.rewards._judge_client import cache_key
     from grouprl.rewards.judge import pointwise_messages, render_rubric
     from grouprl.rewards.retrieval import answer_present, judge_question
 
     shown = judge_question(f"{INSTRUCTIONS}\n\nQuestion: {question}")
-    messages = pointwise_messages(render_rubric("retrieval", shown, reference), shown, answer, SCALE)
+    # the reward fences each answer with a fresh random tag; a demonstration's tag is drawn from its item
+    # (random-looking, the same on every build, so the build stays deterministic)
+    tag = cache_key("fence", question, reference, answer)[:12]
+    messages = pointwise_messages(render_rubric("retrieval", shown, reference), shown, answer, SCALE, tag=tag)
     score = int(SCALE) if answer_present(answer, reference) else 0
     return messages + [{"role": "assistant", "content": f'{{"score": {score}}}'}]
 

@@ -89,6 +89,9 @@ class WarmStart:
     no_tools_fraction: float = 0.0
     """With ``environment``: fraction of the direct answers shown a prompt that lists no tools (so the
     model also knows what to do when the tool is off: the baseline of the tool recipe)."""
+    demo_version: int = 0
+    """Bumped when a demonstration module's conversations change (``judge`` 1: each answer fenced by a
+    random tag, as the judge reward now sends it), so the cached build is rebuilt."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -99,7 +102,7 @@ class WarmStart:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0}
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
@@ -117,7 +120,7 @@ WARMSTARTS: dict[str, WarmStart] = {
     "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=2000,
                               sft_steps=600, vocab_size=300),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
-                       batch_size=16),
+                       batch_size=16, demo_version=1),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
 }
@@ -152,7 +155,12 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     target = root / "warmstart" / f"{name}-{spec.digest()}"
     if (target / INFO_FILE).exists():
-        return str(target)
+        damage = cache_damage(target)
+        if damage is None:
+            return str(target)
+        print(f"grouprl: the cached builtin:{name} in {target} is damaged ({damage}); rebuilding it",
+              file=sys.stderr, flush=True)
+        _discard(target)
     from grouprl.data.prefs import building
 
     with building(target, INFO_FILE) as tmp:
@@ -161,6 +169,65 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
               file=sys.stderr, flush=True)
         build_warmstart(spec, tmp, name=name)
     return str(target)
+
+
+def file_digests(folder: Path) -> dict[str, list]:
+    """``{relative path: [size in bytes, sha256]}`` of every file of a built model (its info file aside)."""
+    out = {}
+    for f in sorted(folder.rglob("*")):
+        if f.is_file() and f.name != INFO_FILE:
+            out[str(f.relative_to(folder))] = [f.stat().st_size, hashlib.sha256(f.read_bytes()).hexdigest()]
+    return out
+
+
+def safetensors_damage(path: Path) -> str | None:
+    """Why a ``.safetensors`` file cannot be whole (its header's last tensor ends past the file), or None."""
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < 100 << 20 else None
+        if not isinstance(header, dict):
+            raise ValueError("no header")
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        return f"{path.name}: unreadable safetensors header ({type(e).__name__})"
+    size = path.stat().st_size
+    return None if size >= 8 + n + end else f"{path.name}: {size:,} bytes, its header needs {8 + n + end:,}"
+
+
+def cache_damage(target: Path) -> str | None:
+    """What is wrong with a cached build, or None: each file as the build recorded it (size and sha256;
+    builds from before that record are checked by their safetensors headers)."""
+    try:
+        recorded = json.loads((target / INFO_FILE).read_text()).get("files")
+    except (OSError, ValueError) as e:
+        return f"{INFO_FILE}: {type(e).__name__}"
+    if recorded:
+        for rel, (size, sha) in recorded.items():
+            f = target / rel
+            if not f.is_file():
+                return f"{rel} is missing"
+            if f.stat().st_size != size or hashlib.sha256(f.read_bytes()).hexdigest() != sha:
+                return f"{rel}: {f.stat().st_size:,} bytes, not the {size:,} it was built with"
+        return None
+    for f in target.glob("*.safetensors"):
+        why = safetensors_damage(f)
+        if why:
+            return why
+    return None if any(target.glob("*.safetensors")) or (target / "pytorch_model.bin").exists() else "no weights"
+
+
+def _discard(target: Path) -> None:
+    """Move a damaged entry aside (atomic), then delete it; a reader that holds it open keeps its copy."""
+    import shutil
+    import tempfile
+
+    aside = Path(tempfile.mkdtemp(prefix=f".damaged-{target.name}-", dir=target.parent))
+    try:
+        target.rename(aside / target.name)
+    except OSError:
+        pass
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -289,6 +356,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]),
         "build_seconds": round(time.perf_counter() - t0, 1),
         "torch": torch.__version__,
+        "files": file_digests(Path(out)),
     }
     (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
@@ -324,7 +392,12 @@ def _sft(model, encoded, spec: WarmStart, *, pad_id: int) -> list[float]:
     model.train()
     order: list[int] = []
     losses = []
-    for _ in range(spec.sft_steps):
+    start, every = time.perf_counter(), max(1, spec.sft_steps // 10)
+    for step in range(spec.sft_steps):
+        if step and step % every == 0:  # the build takes minutes on a CPU: say how far it is
+            left = (time.perf_counter() - start) / step * (spec.sft_steps - step)
+            print(f"grouprl:   SFT step {step}/{spec.sft_steps}, loss {losses[-1]:.3f}, about {left:.0f} s left",
+                  file=sys.stderr, flush=True)
         if len(order) < spec.batch_size:
             order += torch.randperm(len(encoded), generator=gen).tolist()
         idx, order = order[: spec.batch_size], order[spec.batch_size :]

@@ -27,10 +27,17 @@ def load_tokenizer(name: str):
         from importlib import import_module
 
         return import_module("grouprl.builtin.tiny").build_tokenizer()
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    from grouprl.errors import ConfigError
     from grouprl.models import resolve_model_path
+    from grouprl.run.checks import looks_like_path
 
+    if looks_like_path(name) and not Path(name).expanduser().exists():  # not a hub id error's traceback
+        raise ConfigError(f"model={name!r}: no such folder (looked in {str(Path.cwd())!r}). Fix: give a model or "
+                          f"tokenizer folder, a hub id (org/name), builtin:<name> or tiny.")
     return AutoTokenizer.from_pretrained(resolve_model_path(name))
 
 

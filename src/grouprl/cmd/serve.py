@@ -33,6 +33,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def check_before_loading(model: str, host: str, port: int) -> None:
+    """The two mistakes that would otherwise show only after the model has loaded (or after a minute of hub
+    retries): a port another process holds, and a model path that does not exist."""
+    import errno
+    import socket
+
+    from grouprl.errors import ConfigError
+    from grouprl.models import check_model_folder
+
+    check_model_folder(model)  # './nope': "no such folder" now, not 51 s of hub lookups
+    if port:
+        probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no clash
+        try:
+            probe.bind((host, port))
+        except OSError as e:
+            busy = e.errno == errno.EADDRINUSE
+            raise ConfigError(f"cannot serve on {host}:{port}: " + (
+                "the port is in use by another process. Fix: --port N with a free port, or --port 0 to pick one"
+                if busy else f"{e.strerror}. Fix: --host 127.0.0.1 (loopback) or an address of this machine")) from e
+        finally:
+            probe.close()
+
+
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -42,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_batch < 1 or args.queue_timeout <= 0 or args.max_new_tokens < 1 or args.max_time <= 0:
         raise ConfigError(f"serve: --max-batch={args.max_batch}, --queue-timeout={args.queue_timeout:g}, --max-new-tokens="
                           f"{args.max_new_tokens} and --max-time={args.max_time:g} must all be positive.")
+    check_before_loading(args.model, args.host, args.port)
     chat = load_chat_server(args.model, device=args.device, name=args.name, max_new_tokens=args.max_new_tokens,
                             max_time_s=args.max_time, max_batch=args.max_batch,
                             queue_timeout_s=args.queue_timeout)

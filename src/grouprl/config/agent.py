@@ -12,7 +12,8 @@ from typing import Any
 from grouprl.errors import ConfigError
 
 AGENT_FIELDS = ("tools", "environment", "max_turns", "max_tool_failures", "tool_timeout_s",
-                "trajectory_timeout_s", "chat_template", "max_concurrent_tools", "agent_schedule")
+                "max_tool_output_bytes", "max_tool_output_tokens", "trajectory_timeout_s", "chat_template",
+                "max_concurrent_tools", "agent_schedule")
 
 
 def uses_tools(cfg: Any) -> bool:
@@ -42,6 +43,11 @@ def check_agent_fields(cfg: Any) -> None:
     failures = cfg.max_tool_failures
     if failures is not None and (isinstance(failures, bool) or not isinstance(failures, int) or failures < 1):
         raise ConfigError(f"max_tool_failures={failures!r} must be a whole number >= 1, or null for no limit.")
+    for name in ("max_tool_output_bytes", "max_tool_output_tokens"):
+        value = getattr(cfg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{name}={value!r} must be a whole number >= 1 (a cap on one tool result), or null "
+                              f"for no limit.")
     for name in ("tool_timeout_s", "trajectory_timeout_s"):
         value = getattr(cfg, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -248,6 +248,11 @@ class GRPOConfig:
     ends (``tool_error_budget``); ``null`` = no limit."""
     tool_timeout_s: float = 10.0
     """Wall-clock limit of one tool call in seconds; a late call returns an error message to the model."""
+    max_tool_output_bytes: int | None = 16384
+    """The most bytes (UTF-8) of one tool result the model reads; a longer result is cut, with a note, and the
+    call counts as failed (``output_too_long``). ``null`` = no limit."""
+    max_tool_output_tokens: int | None = 1024
+    """The most tokens of one tool result (after the byte cap), cut in the same way. ``null`` = no limit."""
     trajectory_timeout_s: float = 300.0
     """Wall-clock limit of one multi-turn rollout in seconds (``timeout``)."""
     chat_template: str | None = None

@@ -19,7 +19,7 @@ def read_yaml(path: str | Path | None, overrides: list[str] | None = None) -> di
         if not p.is_file():
             raise ConfigError(f"recipe {str(path)!r} does not exist.")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.load(p.read_text(), Loader=unique_key_loader(str(path))) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"recipe {str(path)!r} is not valid YAML: {e}") from e
         if not isinstance(data, dict):
@@ -27,6 +27,27 @@ def read_yaml(path: str | Path | None, overrides: list[str] | None = None) -> di
     for item in overrides or []:
         apply_override(data, item)
     return data
+
+
+def unique_key_loader(name: str) -> type:
+    """A ``yaml.SafeLoader`` that refuses a key given twice in one mapping (PyYAML keeps the last one without a
+    word, so ``max_steps: 5`` then ``max_steps: 7`` would silently train 7), naming both lines."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                if isinstance(key, (str, int, float, bool)) and key in seen:
+                    raise ConfigError(f"recipe {name!r}: key {key!r} is given twice (lines {seen[key]} and {line}); "
+                                      f"YAML would keep the second silently. Fix: delete one of them.")
+                seen[key] = line
+            return super().construct_mapping(node, deep)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, UniqueKeys.construct_mapping)
+    return UniqueKeys
 
 
 def write_yaml(data: dict[str, Any], path: str | Path) -> None:

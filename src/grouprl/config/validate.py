@@ -134,6 +134,10 @@ def check_dpo(cfg: Any) -> None:
 
 
 def check_ranges(cfg: Any) -> None:
+    steps = cfg.max_steps
+    if not isinstance(steps, bool) and isinstance(steps, int) and steps < -1 or steps == 0:
+        raise ConfigError(f"max_steps={steps} trains nothing (0) or means nothing (< -1). Fix: max_steps >= 1 "
+                          f"optimizer steps, or -1 to train num_train_epochs passes over the prompts.")
     _range(cfg, "learning_rate", 0.0, None, open_low=True)
     _range(cfg, "warmup_ratio", 0.0, 1.0, open_high=True)
     _range(cfg, "temperature", 0.0, None, open_low=True,

@@ -147,10 +147,20 @@ def cache_root() -> Path:
     """``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl`` (an absolute one, as the XDG spec says), else
     ``~/.cache/grouprl``: where every cache of grouprl lives (warm-started models, preference pairs)."""
     if os.environ.get("GROUPRL_CACHE"):
-        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "grouprl"
+        root, where = Path(os.environ["GROUPRL_CACHE"]).expanduser(), "$GROUPRL_CACHE"
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+        root, where = base / "grouprl", "$XDG_CACHE_HOME/grouprl" if xdg else "~/.cache/grouprl"
+    for part in (root, *root.parents):
+        if part.exists():
+            if not part.is_dir():
+                from grouprl.errors import ConfigError
+
+                raise ConfigError(f"the grouprl cache {where}={str(root)!r} cannot be a folder: {str(part)!r} is a "
+                                  f"file. Fix: export GROUPRL_CACHE=<a folder> (or remove the file).")
+            break
+    return root
 
 
 def cache_key(settings: dict[str, Any]) -> str:
@@ -186,9 +196,22 @@ def load_cached(path: Path) -> tuple[list[dict], dict[str, Any]] | None:
     """``(pairs, metadata)`` of a built dataset at ``path``, or None when it is not there (complete)."""
     if not (path / META_FILE).is_file():
         return None
-    meta = json.loads((path / META_FILE).read_text())
-    with (path / PAIRS_FILE).open(encoding="utf-8") as f:
-        pairs = [json.loads(line) for line in f if line.strip()]
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+        with (path / PAIRS_FILE).open(encoding="utf-8") as f:
+            pairs = [json.loads(line) for line in f if line.strip()]
+        count = meta.pop("cached_pairs", None) if isinstance(meta, dict) else None
+        if isinstance(count, int) and count != len(pairs):
+            raise ValueError(f"{len(pairs)} pairs where {count} were built")
+    except (OSError, ValueError) as e:  # a truncated or edited entry: rebuilt, and said so
+        import sys
+
+        print(f"grouprl: the cached preference pairs in {path} are damaged ({type(e).__name__}: {e}); rebuilding "
+              f"them", file=sys.stderr, flush=True)
+        aside = Path(tempfile.mkdtemp(prefix=f".damaged-{path.name}-", dir=path.parent))
+        path.rename(aside / path.name)
+        shutil.rmtree(aside, ignore_errors=True)
+        return None
     return pairs, meta
 
 
@@ -198,5 +221,6 @@ def save_cached(path: Path, pairs: list[dict], meta: dict[str, Any]) -> Path:
         with (tmp / PAIRS_FILE).open("w", encoding="utf-8") as f:
             for pair in pairs:
                 f.write(json.dumps(pair) + "\n")
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")  # written last: marks it complete
+        # written last: marks it complete; the count tells a truncated pairs.jsonl
+        (tmp / META_FILE).write_text(json.dumps({**meta, "cached_pairs": len(pairs)}, indent=2) + "\n")
     return path

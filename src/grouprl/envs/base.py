@@ -24,7 +24,9 @@ Tool schemas come from ``transformers.utils.get_json_schema`` (the OpenAI ``{"ty
 ``jsonschema`` before a tool runs, so a model's wrong call gets a message it can act on. What is
 hand-written here is only the adapter between those two libraries and the rollout.
 
-:func:`call_with_timeout` bounds one call. A Python tool that ignores the deadline keeps its (daemon)
+:func:`call_with_timeout` bounds one call, and caps what it returns (:class:`OutputCap`: bytes, then tokens) at
+the point where the result is produced: a tool that returns 10 MB costs milliseconds, and the model reads
+the first ``max_bytes`` / ``max_tokens`` with a note; such a call counts as a failed one (``output_too_long``). A Python tool that ignores the deadline keeps its (daemon)
 thread running until it returns: tools are trusted code. Model-written code never runs in this process;
 it goes to :mod:`grouprl.sandbox` (the ``python`` environment), whose jobs are killed at their deadline.
 """
@@ -40,9 +42,13 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from grouprl.envs.guard import DEFAULT_OUTPUT_CAP, OutputCap, checked_env_reward
+from grouprl.envs.guard import (
+    BadEnvReward as BadEnvReward,  # re-exported: the rollout's contract types live here
+)
 from grouprl.errors import ConfigError, GroupRLError
 
-ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout")
+ERROR_KINDS = ("unknown_tool", "bad_arguments", "exception", "timeout", "output_too_long")
 # TRL: every other public method is a tool; ``close`` is the end-of-rollout hook (a tool could end the session)
 NOT_TOOLS = frozenset({"reset", "get_reward", "close"})
 CONVERSATIONAL_NOT_TOOLS = NOT_TOOLS | {"step"}
@@ -50,6 +56,10 @@ CONVERSATIONAL_NOT_TOOLS = NOT_TOOLS | {"step"}
 
 class ToolError(GroupRLError):
     """A tool call the environment refused; the message is written for the model to read."""
+
+
+class EnvironmentResetError(GroupRLError):
+    """An environment's ``reset()`` raised on a row (the message names the environment and the row)."""
 
 
 class UnknownToolError(ToolError):
@@ -73,6 +83,7 @@ class ToolEnv:
     tools: list[dict]
     instance: Any = None
     conversational: bool = False  # True: ``respond(text)`` answers a model turn without a tool call
+    output_cap: OutputCap = DEFAULT_OUTPUT_CAP  # set per run by make_env_factory(output_cap=...)
 
     def __init__(self, fns: Mapping[str, Callable[..., Any]], tools: list[dict]) -> None:
         self._fns = dict(fns)
@@ -132,7 +143,16 @@ class ClassToolEnv(ToolEnv):
 
     def reset(self, row: Mapping[str, Any]) -> str | None:
         reset = self.instance.reset
-        out = _resolve(reset(**_accepted_kwargs(reset, row)))
+        try:
+            out = _resolve(reset(**_accepted_kwargs(reset, row)))
+        except GroupRLError:
+            raise
+        except Exception as e:  # the user's environment: name it and the row, not only the traceback's last line
+            prompt = str(row.get("prompt", ""))
+            raise EnvironmentResetError(
+                f"{type(self.instance).__name__}.reset() raised {type(e).__name__}: {e} -- on the row with "
+                f"prompt {prompt[:80]!r}{'...' if len(prompt) > 80 else ''} (columns: {', '.join(map(str, row))}). "
+                f"Fix the environment's reset(**row) for such rows, or drop them from the data.") from e
         if out is not None and not isinstance(out, str):
             raise TypeError(f"{type(self.instance).__name__}.reset() returned {type(out).__name__}; "
                             f"it must return a string (added to the prompt) or None")
@@ -142,8 +162,7 @@ class ClassToolEnv(ToolEnv):
         get_reward = getattr(self.instance, "get_reward", None)
         if get_reward is None:  # a conversational environment's step rewards, when it gave any
             return sum(self._step_rewards) if self._step_rewards else None
-        value = _resolve(get_reward())
-        return None if value is None else float(value)
+        return checked_env_reward(_resolve(get_reward()), type(self.instance).__name__)
 
     def close(self) -> None:
         close = getattr(self.instance, "close", None)
@@ -273,24 +292,33 @@ def _accepted_kwargs(fn: Callable[..., Any], row: Mapping[str, Any]) -> dict[str
     return {k: v for k, v in row.items() if k in params}
 
 
-def make_env_factory(tools: list[Callable[..., Any]] | None = None,
-                     environment_factory: Any = None) -> Callable[[], ToolEnv]:
+def make_env_factory(tools: list[Callable[..., Any]] | None = None, environment_factory: Any = None,
+                     output_cap: OutputCap | None = None) -> Callable[[], ToolEnv]:
     """A zero-argument callable that builds one fresh :class:`ToolEnv` per trajectory.
 
     Give ``tools`` (plain functions), ``environment_factory`` (a class, a zero-argument callable returning
     an environment object, or ``{name: Cls}`` whose row column ``environment`` picks one), or both (as in
     TRL, the functions are offered next to the environment's methods). Schemas are built here, so a tool
-    the model could not be shown fails at start-up.
+    the model could not be shown fails at start-up. ``output_cap`` bounds every result (default
+    :data:`DEFAULT_OUTPUT_CAP`).
     """
     if tools is None and environment_factory is None:
         raise ConfigError("give tools=[fn, ...] (plain functions) and/or environment_factory=Cls (a class "
                           "whose public methods are tools); got neither")
     extra = _functions(tools) if tools is not None else ({}, [])
     if environment_factory is None:
-        return lambda: ToolEnv(*extra)
-    if isinstance(environment_factory, Mapping):
-        return _dict_factory(environment_factory, extra)
-    return _class_factory(environment_factory, extra)
+        build: Callable[[], ToolEnv] = lambda: ToolEnv(*extra)  # noqa: E731
+    elif isinstance(environment_factory, Mapping):
+        build = _dict_factory(environment_factory, extra)
+    else:
+        build = _class_factory(environment_factory, extra)
+    return build if output_cap is None else functools.partial(_capped, build, output_cap)
+
+
+def _capped(build: Callable[[], ToolEnv], cap: OutputCap) -> ToolEnv:
+    env = build()
+    env.output_cap = cap
+    return env
 
 
 def _functions(tools: list[Callable[..., Any]]) -> tuple[dict, list[dict]]:
@@ -369,7 +397,8 @@ def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float)
     """Run ``env.call(name, arguments)`` in a worker thread for at most ``timeout_s`` seconds. Never raises.
 
     Returns ``(text, error_kind)``: the tool's text and None, or a short message for the model and one
-    of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``. A Python tool that
+    of ``"unknown_tool"``, ``"bad_arguments"``, ``"exception"``, ``"timeout"``, ``"output_too_long"`` (the
+    text is then the result's head cut by the environment's :class:`OutputCap`, with a note). A Python tool that
     ignores the deadline keeps its daemon thread until it returns (tools are trusted code; untrusted
     code belongs in the sandbox, whose jobs are killed at their deadline), and may still change the
     environment's state after the timeout was reported. Calls on one environment are meant to be made
@@ -390,7 +419,8 @@ def call_with_timeout(env: ToolEnv, name: str, arguments: Any, timeout_s: float)
         return f"error: tool {name!r} did not finish within {timeout_s:g}s", "timeout"
     err = box.get("error")
     if err is None:
-        return format_result(box.get("text", "")), None
+        text, over = getattr(env, "output_cap", DEFAULT_OUTPUT_CAP).apply(format_result(box.get("text", "")))
+        return text, None if over is None else "output_too_long"
     if isinstance(err, UnknownToolError):
         return f"error: {err}", "unknown_tool"
     if isinstance(err, BadArgumentsError):

@@ -27,6 +27,10 @@ def _import(spec: str, what: str) -> Any:
             hint = (" If it is a file of yours, run from the folder that holds it or add that folder to "
                     "PYTHONPATH (e.g. PYTHONPATH=. grouprl train ...).")
         raise ConfigError(f"{what} {spec!r}: cannot import {module_name!r} ({e}).{hint}") from e
+    except Exception as e:  # a SyntaxError, or anything the module raised while it ran
+        from grouprl.errors import import_failure
+
+        raise ConfigError(import_failure(what, spec, module_name, e)) from e
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -57,6 +57,9 @@ class AlertThresholds:
     """... for this many consecutive logged steps (also used by variance_collapse and entropy_collapse)."""
     constant_min_steps: int = 10
     """component_constant: a component whose mean and std never change over at least this many steps."""
+    dead_min_steps: int = 3
+    """no_learning: every one of at least this many logged steps (all of them, in a shorter run) had every
+    completion truncated, or no group with unequal rewards, or -- with tools -- no tool call."""
 
     @classmethod
     def from_overrides(cls, items: list[str] | None) -> AlertThresholds:
@@ -255,7 +258,30 @@ def check_component_constant(rows: Rows, t: AlertThresholds) -> list[Alert]:
     return out
 
 
-CHECKS = (check_reward_vs_eval, check_length_blowup, check_variance_collapse, check_kl_spike,
+def check_no_learning(rows: Rows, t: AlertThresholds) -> list[Alert]:
+    """Runs that cannot learn, caught from their first steps (the other checks wait for a window): every
+    completion cut at ``max_new_tokens`` (nothing ever ends, so no reward can tell completions apart), every
+    group's rewards equal (zero advantage: GRPO's gradient is 0), or a tool run whose model never calls one."""
+    out, steps = [], len(series(rows, "reward")[0])
+    for key, dead, anchor, what in (
+            ("completions/truncated_frac", lambda v: v >= 0.999, "panel-length",
+             "every completion hit the length limit (max_new_tokens) at every step from {a} to {b}: nothing "
+             "the model writes ends, so the reward cannot tell completions apart. Fix: raise max_new_tokens."),
+            ("frac_reward_zero_std", lambda v: v >= 0.999, "panel-zero_std",
+             "every group had all-equal rewards at every step from {a} to {b}: every advantage is 0 and nothing "
+             "is learned. Fix: a reward that tells this model's completions apart (check it with grouprl reward), "
+             "or a warm start that sometimes succeeds."),
+            ("tools/calls_per_traj", lambda v: v <= 0.0, "panel-reward",
+             "the model called no tool at any step from {a} to {b}: a tool reward stays 0 and tool use cannot be "
+             "learned. Fix: a warm start (or system_prompt) that shows the tool-call format, and check the chat "
+             "template lists the tools (grouprl check-template).")):
+        xs, ys = series(rows, key)
+        if ys and len(ys) >= min(t.dead_min_steps, max(steps, 1)) and all(dead(v) for v in ys):
+            out.append(Alert("no_learning", what.format(a=xs[0], b=xs[-1]), [xs[0], xs[-1]], anchor))
+    return out
+
+
+CHECKS = (check_no_learning, check_reward_vs_eval, check_length_blowup, check_variance_collapse, check_kl_spike,
           check_entropy_collapse, check_clip_high, check_component_constant)
 
 

@@ -90,7 +90,12 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, review_wind
                   f"last step {steps}, {len(run.samples)} samples", _alerts_html(alerts, t) + SECTIONS, data,
                   "report.js")
     path = Path(out) if out else run.path / REPORT_FILE
-    path.write_text(page, encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    try:  # a full disk leaves the previous report whole, never a truncated one
+        tmp.write_text(page, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 

@@ -3,8 +3,12 @@
 The requests go through ``httpx2`` (already a dependency of ``huggingface_hub``); what is ours is the policy
 around them, which no client library ships as one piece:
 
-- a per-call timeout, retries with exponential backoff on timeouts, connection errors, 429 and 5xx (a
-  ``Retry-After`` header is honoured, capped at the backoff ceiling);
+- deadlines, not per-read timeouts: each attempt must deliver its whole reply within ``timeout_s`` of its
+  start (a server that sends its headers and then one byte every 0.4 s is cut off at ``timeout_s``, where
+  httpx's own timeout, which bounds each read, would wait for ever), and a whole call -- every attempt,
+  backoff and ``Retry-After`` wait included -- within ``call_deadline_s`` (:attr:`JudgeClient.call_deadline_s`);
+- retries with exponential backoff on timeouts, connection errors, 429 and 5xx (a ``Retry-After`` header
+  is honoured, capped at ``max_backoff_s``);
 - a concurrency limit (a semaphore shared by every thread) and a rate limit (request starts spaced by
   ``1 / rate_limit_per_s`` seconds);
 - a budget: when no request has succeeded for ``budget_s`` seconds while requests keep failing, the next
@@ -37,6 +41,7 @@ from grouprl.errors import ConfigError, RewardError
 log = logging.getLogger("grouprl.rewards.judge")
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+MAX_REPLY_BYTES = 1 << 20  # a chat completion of a few hundred tokens is a few KB; more is a broken endpoint
 
 
 class ReplyCache:
@@ -86,9 +91,10 @@ class JudgeClient:
                               "(start a local judge with `grouprl serve MODEL`).")
         if not model:
             raise ConfigError("judge: `model` is required (the judge model's name as the endpoint knows it).")
-        if concurrency < 1 or timeout_s <= 0 or budget_s <= 0 or max_retries < 0:
-            raise ConfigError(f"judge: need concurrency >= 1, timeout_s > 0, budget_s > 0, max_retries >= 0; got "
-                              f"{concurrency}, {timeout_s}, {budget_s}, {max_retries}.")
+        if concurrency < 1 or timeout_s <= 0 or budget_s <= 0 or max_retries < 0 or max_backoff_s < 0:
+            raise ConfigError(f"judge: need concurrency >= 1, timeout_s > 0, budget_s > 0, max_retries >= 0, "
+                              f"max_backoff_s >= 0; got {concurrency}, {timeout_s}, {budget_s}, {max_retries}, "
+                              f"{max_backoff_s}.")
         if api_key_env is not None and api_key_env not in os.environ:
             raise ConfigError(f"judge: api_key_env={api_key_env!r} names an environment variable that is not set. "
                               f"Export it (export {api_key_env}=...) or drop api_key_env for a local judge.")
@@ -97,7 +103,9 @@ class JudgeClient:
         self.timeout_s, self.max_retries, self.budget_s = float(timeout_s), int(max_retries), float(budget_s)
         self.backoff_s, self.max_backoff_s = float(backoff_s), float(max_backoff_s)
         self.temperature, self.max_tokens = float(temperature), int(max_tokens)
+        # every attempt's timeout is the time left to its deadline (see _exchange); this is only the ceiling
         self._http = httpx2.Client(timeout=httpx2.Timeout(self.timeout_s), trust_env=False)
+        self._timeout = httpx2.Timeout
         self._errors = (httpx2.TransportError,)
         self._slots = threading.BoundedSemaphore(int(concurrency))
         self._interval = 1.0 / float(rate_limit_per_s) if rate_limit_per_s else 0.0
@@ -144,31 +152,40 @@ class JudgeClient:
                 f"budget_s={self.budget_s:g}. Check that the server is up (`grouprl serve MODEL --port N`), "
                 f"the base_url, and the key in ${self.api_key_env or '(none)'}; or raise budget_s.")
 
+    @property
+    def call_deadline_s(self) -> float:
+        """The most one :meth:`chat` call can take: every attempt (one more when the endpoint refuses a
+        ``response_format``) at ``timeout_s`` each, and every backoff at its ceiling."""
+        return (self.max_retries + 2) * self.timeout_s + self.max_retries * self.max_backoff_s
+
     def chat(self, messages: list[dict[str, str]], key: str | None = None,
              response_format: dict | None = None) -> tuple[str | None, str]:
-        """``(reply text, "")`` or ``(None, reason)`` after the retries; cached under ``key`` when given.
-        ``response_format`` is sent unless the endpoint has refused one before (see the module docstring).
-        Raises RewardError when the endpoint has been failing for longer than ``budget_s``."""
+        """``(reply text, "")`` or ``(None, reason)`` after the retries, within :attr:`call_deadline_s`;
+        cached under ``key`` when given. ``response_format`` is sent unless the endpoint has refused one
+        before (see the module docstring). Raises RewardError when the endpoint has been failing for longer
+        than ``budget_s``."""
         if key is not None and self.cache is not None:
             cached = self.cache.get(key)
             if cached is not None:
                 return cached, ""
         body = {"model": self.model, "messages": messages, "temperature": self.temperature,
                 "max_tokens": self.max_tokens}
+        deadline = time.monotonic() + self.call_deadline_s
         reason = ""
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(self._delay(attempt, reason))
+                delay = self._delay(attempt, reason)
+                if time.monotonic() + delay + 0.01 >= deadline:
+                    break
+                time.sleep(delay)
             self._wait_for_rate()
             if response_format is not None and self.structured_ok:
                 body["response_format"] = response_format
-            with self._slots:
-                reply, reason, retry = self._post(body)
+            reply, reason, retry = self._attempt(body, deadline)
             if "response_format" in body and reason in ("HTTP 400", "HTTP 422"):
                 self._refused_format(reason)
                 body.pop("response_format")
-                with self._slots:
-                    reply, reason, retry = self._post(body)
+                reply, reason, retry = self._attempt(body, deadline)
             if reply is not None:
                 self._note(True)
                 if key is not None and self.cache is not None:
@@ -178,6 +195,10 @@ class JudgeClient:
             if not retry:
                 break
         return None, reason
+
+    def _attempt(self, body: dict, call_deadline: float) -> tuple[str | None, str, bool]:
+        with self._slots:
+            return self._post(body, min(time.monotonic() + self.timeout_s, call_deadline))
 
     def _refused_format(self, reason: str) -> None:
         with self._state_lock:
@@ -195,21 +216,54 @@ class JudgeClient:
                 pass
         return min(delay, self.max_backoff_s)
 
-    def _post(self, body: dict) -> tuple[str | None, str, bool]:
-        """One request: ``(reply, reason, retryable)``."""
+    def _post(self, body: dict, deadline: float) -> tuple[str | None, str, bool]:
+        """One request that must be answered in full by ``deadline`` (``time.monotonic()``): ``(reply,
+        reason, retryable)``. The exchange runs in a thread of its own so that the wait here is exactly the
+        time left, whatever the server does; a cut-off exchange notices within one read and closes."""
         self.requests += 1
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None, f"no time left within the call's deadline ({self.call_deadline_s:g}s)", False
+        box: dict[str, Any] = {}
+        done, cancel = threading.Event(), threading.Event()
+        threading.Thread(target=self._exchange, args=(body, deadline, cancel, box, done), daemon=True,
+                         name="grouprl-judge-request").start()
+        if not done.wait(left):
+            cancel.set()
+            return None, f"no complete reply within timeout_s={self.timeout_s:g}s", True
+        return box["result"]
+
+    def _exchange(self, body: dict, deadline: float, cancel: threading.Event, box: dict,
+                  done: threading.Event) -> None:
         try:
-            response = self._http.post(self.url, json=body, headers=self._headers())
+            box["result"] = self._read(body, deadline, cancel)
+        except Exception as e:  # noqa: BLE001 -- reported as the attempt's reason, never lost in a thread
+            box["result"] = (None, f"{type(e).__name__}: {e}", False)
+        finally:
+            done.set()
+
+    def _read(self, body: dict, deadline: float, cancel: threading.Event) -> tuple[str | None, str, bool]:
+        left = max(0.001, deadline - time.monotonic())
+        try:
+            with self._http.stream("POST", self.url, json=body, headers=self._headers(),
+                                   timeout=self._timeout(left)) as response:
+                data = bytearray()
+                for chunk in response.iter_bytes():
+                    if cancel.is_set() or time.monotonic() > deadline:
+                        return None, f"no complete reply within timeout_s={self.timeout_s:g}s", True
+                    data += chunk
+                    if len(data) > MAX_REPLY_BYTES:
+                        return None, f"the reply is over {MAX_REPLY_BYTES} bytes (not a judge's score)", False
+                status, retry_after = response.status_code, response.headers.get("retry-after")
         except self._errors as e:
-            return None, f"{type(e).__name__} after at most {self.timeout_s:g}s", True
-        if response.status_code != 200:
-            retry_after = response.headers.get("retry-after")
-            reason = f"HTTP {response.status_code}"
-            if response.status_code == 429 and retry_after:
+            return None, f"{type(e).__name__} within timeout_s={self.timeout_s:g}s", True
+        if status != 200:
+            reason = f"HTTP {status}"
+            if status == 429 and retry_after:
                 reason = f"retry-after={retry_after} (HTTP 429)"
-            return None, reason, response.status_code in RETRYABLE_STATUS
+            return None, reason, status in RETRYABLE_STATUS
         try:
-            content = response.json()["choices"][0]["message"]["content"]
+            content = json.loads(bytes(data))["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
             return None, "the endpoint's reply is not an OpenAI chat completion", False
         if not isinstance(content, str):

@@ -146,7 +146,7 @@ class RewardFunc:
                 raise RewardError(
                     f"reward {self.__name__!r} raised on sample {i}: {type(e).__name__}: {e}"
                 ) from e
-            out.append(None if score is None else float(score))
+            out.append(as_score(score, self.__name__, i))
         return out
 
     def _call_batch(self, completions, prompts, columns: dict[str, Any]) -> list[float | None]:
@@ -165,7 +165,7 @@ class RewardFunc:
             raise RewardError(f"reward {self.__name__!r} raised on a batch of {n}: {type(e).__name__}: {e}") from e
         if len(scores) != n:
             raise RewardError(f"reward {self.__name__!r}: batch returned {len(scores)} scores for {n} completions")
-        return [None if s is None else float(s) for s in scores]
+        return [as_score(s, self.__name__, i) for i, s in enumerate(scores)]
 
 
 def batch_reward(fn: Callable) -> Callable:
@@ -178,6 +178,21 @@ def sample_reward(fn: Callable) -> Callable:
     """Mark ``fn`` as a per-sample reward, ``fn(completion, *, answer=None, **meta) -> float | None``."""
     fn.reward_form = SAMPLE
     return fn
+
+
+def as_score(value: Any, name: str, i: int) -> float | None:
+    """A reward's value as a float (None stays None); text is refused, never read as a number silently.
+    (NaN and inf are checked where the scores are combined: :class:`grouprl.train.score.RewardScorer`.)"""
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        raise RewardError(f"reward {name!r} returned {value!r} for sample {i}: a {type(value).__name__}, not a score; "
+                          f"expected a float or None. Fix: return float(...) of it.")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise RewardError(f"reward {name!r} returned {value!r} ({type(value).__name__}) for sample {i}: expected a "
+                          f"float or None.") from None
 
 
 def reward_form(fn: Callable, name: str | None = None) -> str:
@@ -235,7 +250,7 @@ class BatchRewardFunc:
                 f"reward {self.__name__!r} is a batch reward (it has a `completions` parameter) and must return one "
                 f"score per completion: got {got} for {n}. {FORMS}"
             )
-        return [None if s is None else float(s) for s in scores]
+        return [as_score(s, self.__name__, i) for i, s in enumerate(scores)]
 
 
 def as_sample_reward(fn: Callable, name: str | None = None) -> Callable:

@@ -94,6 +94,40 @@ def apply_task_defaults(cfg: Any, reward_funcs: Any = None) -> list[str]:
     return filled
 
 
+def dataset_object(given: Any) -> Any:
+    """``train_dataset=`` / ``eval_dataset=`` as the loader takes it: a pandas DataFrame or a dict of
+    equal-length column lists becomes a ``datasets.Dataset`` (they were read as a file name before); any other
+    value is returned as it is. Unequal columns are a ConfigError naming their lengths."""
+    if type(given).__name__ == "DataFrame" and hasattr(given, "to_dict"):
+        import datasets
+
+        return datasets.Dataset.from_pandas(given, preserve_index=False)
+    if isinstance(given, dict) and given and all(isinstance(v, (list, tuple)) for v in given.values()):
+        lengths = {str(k): len(v) for k, v in given.items()}
+        if len(set(lengths.values())) > 1:
+            raise ConfigError(f"train_dataset as a dict of columns needs columns of one length; got {lengths}. "
+                              f"Fix: one value per row in every column.")
+        import datasets
+
+        return datasets.Dataset.from_dict({k: list(v) for k, v in given.items()})
+    return given
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".csv", ".parquet", ".arrow", ".txt")
+
+
+def check_dataset_path(dataset: Any) -> None:
+    """A ``dataset`` that names a local file or folder (``./x.jsonl``, ``data/train.jsonl``) must exist: "no
+    such file" now, not a hub lookup's "Repo id must use alphanumeric chars" later."""
+    if not isinstance(dataset, str) or dataset.startswith("builtin:") or Path(dataset).expanduser().exists():
+        return
+    from grouprl.models import looks_like_path  # torch is loaded by then; run/ itself imports none
+
+    if looks_like_path(dataset) or dataset.lower().endswith(DATA_SUFFIXES):
+        raise ConfigError(f"dataset={dataset!r}: no such file or folder (looked in {str(Path.cwd())!r}). Fix: check "
+                          f"the path; a hub dataset id looks like org/name, a built-in task like builtin:arithmetic.")
+
+
 def check_config_once(cfg: Any, reward_funcs: Any = None) -> None:
     """The config checks of the one start-up path (``grouprl train`` and ``GRPOTrainer`` alike): registry
     names and their kwargs, ``reward_kwargs``, the sandbox isolation this machine can give. Each runs once:
@@ -113,6 +147,11 @@ def check_paths(cfg: Any) -> None:
     """The checks that need neither data nor a model: output_dir, dataset_kwargs, a resume folder. (The model
     folder is checked after the data, by ``grouprl.models.check_model_source``.)"""
     check_output_dir_writable(cfg.output_dir)
+    check_dataset_path(cfg.dataset)
+    if isinstance(cfg.model, str) and cfg.model.startswith("builtin:"):
+        from grouprl.data.prefs import cache_root
+
+        cache_root()  # where a built-in model is built: a file there is an error now, not a traceback later
     check_dataset_kwargs(cfg.dataset, cfg.dataset_kwargs)
     resume = cfg.resume_from_checkpoint
     if isinstance(resume, str) and ("/" in resume or resume.startswith("checkpoint-")):

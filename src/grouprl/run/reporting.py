@@ -27,12 +27,41 @@ def write_meta(cfg: Any, reward_funcs: Any) -> Path | None:
         return None
 
 
+_WARNED: dict[str, set[tuple[str, str]]] = {}
+
+
 def refresh(output_dir: str | Path, review_window: int = 100) -> Path | None:
-    """Rebuild ``report.html`` from the run folder; returns its path (``None`` and a warning on failure)."""
+    """Rebuild ``report.html`` from the run folder; returns its path (``None`` and a warning on failure).
+    Each alert the report raises is also printed on the console once per run (:func:`warn_alerts`)."""
     from grouprl.report import build_report
 
     try:
-        return build_report(output_dir, review_window=review_window)
+        path = build_report(output_dir, review_window=review_window)
     except Exception as e:  # reporting must never end a run
         log.warning("could not build the run report (%s: %s); training goes on", type(e).__name__, e)
         return None
+    warn_alerts(output_dir)
+    return path
+
+
+def warn_alerts(output_dir: str | Path) -> list[str]:
+    """Print ``grouprl: warning: <alert>`` on stderr for each alert of the run's report not printed before
+    (the same checks, :func:`grouprl.report.compute_alerts`); returns the lines printed."""
+    import sys
+
+    from grouprl.report import compute_alerts
+    from grouprl.report.build import load_run
+
+    try:
+        alerts = compute_alerts(load_run(output_dir).metrics)
+    except Exception as e:  # reporting must never end a run
+        log.warning("could not check the run's alerts (%s: %s)", type(e).__name__, e)
+        return []
+    seen = _WARNED.setdefault(str(Path(output_dir).resolve()), set())
+    lines = []
+    for a in alerts:
+        if (a.name, a.anchor) not in seen:
+            seen.add((a.name, a.anchor))
+            lines.append(f"grouprl: warning: {a.name}: {a.message}")
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines

@@ -19,13 +19,15 @@ from typing import Any
 
 from grouprl.errors import RewardError
 
+# the columns a reference answer may come in (grouprl.rewards.adapters.ANSWER_ALIASES: TRL / verl names)
+_ANSWER = ("answer", "ground_truth", "solution")
 # built-in reward name -> the dataset columns it reads (any one of them is enough)
 READS: dict[str, tuple[str, ...]] = {
-    "accuracy": ("answer",),
-    "math": ("answer",),
-    "exact": ("answer",),
-    "robust": ("answer",),
-    "countdown": ("target", "answer"),
+    "accuracy": _ANSWER,
+    "math": _ANSWER,
+    "exact": _ANSWER,
+    "robust": _ANSWER,
+    "countdown": ("target", *_ANSWER),
     "code": ("tests", "test", "test_list"),
 }
 

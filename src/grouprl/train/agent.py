@@ -44,6 +44,7 @@ class Agent:
         from grouprl.envs.base import is_conversational
 
         return any(callable(getattr(c, "get_reward", None)) or is_conversational(c) for c in self.env_classes)
+    output_cap: Any = None  # grouprl.envs.base.OutputCap of every tool result; its tokenizer is set at rollout
 
     def params(self, max_new_tokens: int) -> Any:
         from grouprl.rollout.multiturn import MultiTurnParams
@@ -109,7 +110,7 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
     ``config.yaml`` names it. Every name is imported and every schema built here: a typo fails at start-up.
     """
     from grouprl.builtins import load_builtins
-    from grouprl.envs.base import make_env_factory
+    from grouprl.envs.base import OutputCap, make_env_factory
     from grouprl.envs.resolve import resolve_environment, resolve_tools
 
     load_builtins()
@@ -130,11 +131,12 @@ def build_agent(cfg: Any, tools: list | None = None, environment_factory: Any = 
     from grouprl.rollout import check_agent_backend
 
     check_agent_backend(cfg.rollout_backend)  # a text-only plug-in cannot drive token-level turns
-    factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env)
+    cap = OutputCap(cfg.max_tool_output_bytes, cfg.max_tool_output_tokens)
+    factory = make_env_factory(tools=list(fns.values()) or None, environment_factory=env, output_cap=cap)
     classes = tuple(env.values()) if isinstance(env, dict) else (env,) if env is not None else ()
     return Agent(factory, cfg.max_turns, cfg.max_tool_failures, cfg.tool_timeout_s, cfg.trajectory_timeout_s,
                  cfg.chat_template, cfg.lean_sampler, cfg.max_concurrent_tools, cfg.agent_schedule,
-                 tuple(c for c in classes if isinstance(c, type)), isinstance(env, dict))
+                 tuple(c for c in classes if isinstance(c, type)), isinstance(env, dict), cap)
 
 
 def default_reward_funcs(cfg: Any, given: Any, agent: Agent | None) -> Any:
@@ -200,6 +202,8 @@ def agent_rollout(agent: Agent, model: Any, tokenizer: Any, rows: list[dict], n:
     with its own weights, ``rollout_logp`` (``grouprl.rollout.agent_round``)."""
     from grouprl.rollout.agent_round import agent_round, engine_for
 
+    if agent.output_cap is not None:
+        agent.output_cap.tokenizer = tokenizer  # the token cap counts the policy's tokens
     engine = engine_for(backend, model, tokenizer, lean=agent.lean_sampler)
     return agent_round(engine, tokenizer, rollout_rows(rows, prompt_column, system_prompt), n, params,
                        agent.params(params.max_new_tokens), env_factory=agent.env_factory,
@@ -246,7 +250,14 @@ def _model_turns(traj: Any) -> list[str]:
 
 def add_env_rewards(totals: list[float], trajectories: list) -> list[float]:
     """TRL's rule: the environment's ``get_reward()`` is added to the weighted sum of the reward functions
-    (``reward_weights`` do not apply to it); a trajectory without one adds nothing."""
+    (``reward_weights`` do not apply to it); a trajectory without one adds nothing. A value that is not a
+    finite number (:class:`grouprl.envs.base.BadEnvReward`) stops the run with the line that names it."""
+    from grouprl.errors import RewardError
+
+    for traj in trajectories:
+        if traj.env_reward is not None and traj.env_reward != traj.env_reward:
+            raise RewardError(getattr(traj.env_reward, "why", "the environment's get_reward() returned nan: return "
+                                                              "a finite float or None."))
     return [t + (traj.env_reward or 0.0) for t, traj in zip(totals, trajectories)]
 
 

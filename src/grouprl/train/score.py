@@ -31,9 +31,13 @@ def resolve_reward_funcs(funcs: Any, reward_kwargs: dict | None = None, *, allow
     out = []
     for item in items:
         if callable(item):  # either form: per-sample fn(completion, ...) or TRL batch fn(completions, ...)
-            out.append(make_reward_func(item))
+            out.append(make_reward_func(awaited(item)))
         elif isinstance(item, str):
-            out.append(make_reward_func(item, **dict(reward_kwargs.get(item, {}))))
+            from grouprl.registry import REWARDS
+
+            fn, options = REWARDS.get(item), dict(reward_kwargs.get(item, {}))
+            out.append(make_reward_func(awaited(fn), **options) if awaited(fn) is not fn else
+                       make_reward_func(item, **options))
         else:
             raise ConfigError(f"reward_funcs entry {item!r} is neither a reward name nor a callable.")
     return out
@@ -109,6 +113,10 @@ class RewardScorer:
     def _check_value(value: Any, name: str, i: int, completion: Any) -> float:
         if value is None:
             return math.nan
+        if isinstance(value, (str, bytes)):
+            raise RewardError(f"reward function {name!r} returned {value!r} for sample {i} (completion "
+                              f"{_short(completion)}): a {type(value).__name__}, not a score; expected a float or "
+                              f"None. Fix: return float(...) of it; text is never read as a number silently.")
         try:
             number = float(value)
         except (TypeError, ValueError):
@@ -118,6 +126,39 @@ class RewardScorer:
             raise RewardError(f"reward function {name!r} returned {number} for sample {i} (completion "
                               f"{_short(completion)}). Return None for 'no opinion'; NaN/inf are treated as bugs.")
         return number
+
+
+def awaited(fn: Callable) -> Callable:
+    """``fn`` itself, or, for an ``async def`` reward (a coroutine function, or an object whose ``__call__`` is
+    one), a plain function with the same signature that runs it to completion (:func:`_run`)."""
+    import functools
+    import inspect
+
+    if not (inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)):
+        return fn
+
+    @functools.wraps(fn)
+    def run_to_completion(*args: Any, **kwargs: Any) -> Any:
+        return _run(fn(*args, **kwargs))
+
+    return run_to_completion
+
+
+def _run(awaitable: Any) -> Any:
+    """Await in a fresh event loop (in a helper thread when this one already runs a loop)."""
+    import asyncio
+
+    async def main() -> Any:
+        return await awaitable
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, main()).result()
 
 
 def _find_failing_sample(fn, prompts, completions, columns) -> int | None:

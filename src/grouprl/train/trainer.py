@@ -36,12 +36,8 @@ class GRPOTrainer:
                  processing_class: Any = None, reward_funcs: Any = None, *, args: GRPOConfig | None = None,
                  eval_dataset: Any = None, peft_config: Any = None, eval_reward_func: Any = None,
                  tools: list | None = None, environment_factory: Any = None) -> None:
-        if config is not None and args is not None and config is not args:
-            raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
-        self.config = cfg = config or args or GRPOConfig()
-        if not isinstance(cfg, GRPOConfig):
-            raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
-                              f"`from grouprl import GRPOConfig`.")
+        model, self.config = _model_and_config(model, config, args)
+        cfg = self.config
         from grouprl.train.algorithms import algorithm_for
 
         if algorithm_for(cfg).train is None:  # e.g. DPO: offline preference pairs, its own data and model loading
@@ -125,7 +121,9 @@ class GRPOTrainer:
     def _load_split(self, given: Any, split: str | None, limit: int | None, *, required: bool):
         cfg = self.config
         if given is not None:
-            ds = load_dataset_any(given, split or "train", **cfg.dataset_kwargs)
+            from grouprl.run.checks import dataset_object
+
+            ds = load_dataset_any(dataset_object(given), split or "train", **cfg.dataset_kwargs)
         elif cfg.dataset is not None and split is not None:
             ds = load_dataset_any(cfg.dataset, split, **cfg.dataset_kwargs)
         else:
@@ -208,6 +206,23 @@ class GRPOTrainer:
                               **overrides)
 
 
+def _model_and_config(model: Any, config: Any, args: Any) -> tuple[Any, GRPOConfig]:
+    """``(model, config)`` from the constructor's arguments; ``GRPOTrainer(GRPOConfig(...))`` -- the config
+    given first, as TRL users write ``GRPOTrainer(args)`` -- is taken as the config."""
+    if isinstance(model, GRPOConfig):
+        if config is not None or args is not None:
+            raise ConfigError("GRPOTrainer(GRPOConfig(...), ...): the first argument is the model. Fix: "
+                              "GRPOTrainer(config=GRPOConfig(...), train_dataset=...), keywords after it.")
+        model, config = None, model
+    if config is not None and args is not None and config is not args:
+        raise ConfigError("pass the configuration once: config=... or TRL's args=..., not both.")
+    cfg = config or args or GRPOConfig()
+    if not isinstance(cfg, GRPOConfig):
+        raise ConfigError(f"config must be a grouprl GRPOConfig, got {type(cfg).__name__}. Build it with "
+                          f"`from grouprl import GRPOConfig`.")
+    return model, cfg
+
+
 def _tokenizer_for(source: Any, processing_class: Any):
     """The given tokenizer, or the one saved with the model (hub id, path, builtin name or loaded model)."""
     from grouprl.models import load_tokenizer, resolve_model_path
@@ -255,7 +270,12 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
         lines.append(f"tensorboard:  tensorboard --logdir {result['tensorboard_dir']}")
     recipe = shlex.quote(str(Path(cfg.output_dir) / "config.yaml"))  # the resolved recipe, overrides included
     command = f"grouprl eval -c {recipe} --checkpoint {shlex.quote(str(result.get('final_model')))}"
-    if cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
+    in_main = [n for n in [*cfg.tools, cfg.environment or ""] if str(n).startswith("__main__:")]
+    if in_main:  # a script's own functions: another process cannot import them by that name
+        lines.append(f"re-evaluate:  {', '.join(map(str, in_main))} live in the script that ran (__main__); move "
+                     f"them into a module (e.g. my_tools.py), use my_tools:NAME in {recipe}, then: "
+                     f"PYTHONPATH=. {command}")
+    elif cfg.dataset is None or cfg.eval_split is None:  # data given in Python: the recipe cannot name it
         lines.append(f"re-evaluate:  set `dataset` and `eval_split` in {recipe}, then: {command}")
     elif not evals:  # e.g. a single file: no held-out split, so a command would fail
         lines.append(f"re-evaluate:  {cfg.dataset} has no {cfg.eval_split!r} split, so this run has no held-out "

@@ -18,6 +18,7 @@ The state also records the byte lengths of ``metrics.jsonl`` / ``samples.jsonl``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from grouprl.errors import ConfigError
+from grouprl.errors import ConfigError, SaveError
 from grouprl.train.checkpoint import unpickle
 from grouprl.train.checkpoint.layout import PATTERN, rng_state, set_rng_state, tmp_checkpoint, to_device
 
@@ -53,10 +54,46 @@ def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: An
     ``tmp_checkpoint(...)/distcp`` (``Ranks.sharding.save_shards``); only the config is added here."""
     root = Path(output_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"checkpoint-{step}"
     tmp = tmp_checkpoint(root, step)
     if tmp.exists() and not sharded:
         shutil.rmtree(tmp)
+    try:
+        _write_checkpoint(tmp, step, model, tokenizer, optimizer, scheduler, state, sharded)
+    except (OSError, RuntimeError) as e:  # a full disk shows as OSError, or as torch.save's RuntimeError
+        if not _is_write_error(e):
+            raise
+        raise save_failed(e, f"checkpoint-{step}", tmp, root) from e
+    final = root / f"checkpoint-{step}"
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fsync_tree(root, files=False)
+    if total_limit:
+        for old in list_checkpoints(root)[:-total_limit]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _is_write_error(e: BaseException) -> bool:
+    """An OSError, or torch.save's RuntimeError for a failed write ("... file write failed")."""
+    return isinstance(e, OSError) or "writ" in str(e).lower()
+
+
+def save_failed(error: BaseException, what: str, tmp: Path, root: Path) -> SaveError:
+    """Remove the half-written ``tmp`` and say what is kept: the newest complete checkpoint and ``final/``
+    (neither is touched before the new copy is whole)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    kept = [p.name for p in list_checkpoints(root)[-1:]] + (["final/"] if (root / "final").is_dir() else [])
+    why = f"{error.strerror} ({error.filename})" if isinstance(error, OSError) and error.strerror else str(error)
+    full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "space" in why.lower() or "write" in why
+    fix = "free disk space (or set output_dir elsewhere)" if full else "check that output_dir is writable"
+    return SaveError(f"could not save {what} in {str(root)!r}: {why}. Nothing complete was lost: "
+                     f"{', '.join(kept) or 'no earlier checkpoint'} {'is' if len(kept) < 2 else 'are'} intact and the "
+                     f"partial copy was removed. Fix: {fix}, then rerun with --resume.")
+
+
+def _write_checkpoint(tmp: Path, step: int, model: Any, tokenizer: Any, optimizer: Any, scheduler: Any,
+                      state: dict[str, Any], sharded: bool) -> None:
     if sharded:
         model.config.save_pretrained(tmp)
     else:
@@ -70,14 +107,6 @@ def save_checkpoint(output_dir: str | Path, step: int, model: Any, tokenizer: An
                "log_bytes": state.get("log_bytes"), "config": state.get("config")}
     (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1, default=str))
     fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    fsync_tree(root, files=False)
-    if total_limit:
-        for old in list_checkpoints(root)[:-total_limit]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def fsync_tree(path: Path, *, files: bool = True) -> None:
@@ -115,9 +144,14 @@ def save_final_atomic(model: Any, tokenizer: Any, output_dir: str | Path, step: 
     for leftover in (tmp, old):
         if leftover.exists():
             shutil.rmtree(leftover)
-    save_final(model, tokenizer, tmp, state_dict=state_dict)
-    (tmp / COMPLETE).write_text(f"{step}\n")
-    fsync_tree(tmp)
+    try:
+        save_final(model, tokenizer, tmp, state_dict=state_dict)
+        (tmp / COMPLETE).write_text(f"{step}\n")
+        fsync_tree(tmp)
+    except (OSError, RuntimeError) as e:  # a full disk: the earlier final/ (if any) stays as it was
+        if not _is_write_error(e):
+            raise
+        raise save_failed(e, "final/", tmp, root) from e
     if final.exists():
         final.rename(old)
     tmp.rename(final)

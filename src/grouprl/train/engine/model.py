@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,7 +141,6 @@ def save_final(model: Any, tokenizer: Any, path: Any, state_dict: dict | None = 
     """The trained model in plain HF format. A LoRA run is saved merged (loads in transformers and vLLM
     without peft) with the adapter itself in ``<path>/adapter``. ``state_dict``: the full weights of a
     sharded (FSDP) model, gathered on rank 0 (``grouprl.train.parallel.fsdp.gather_state_dict``)."""
-    from pathlib import Path
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
