@@ -11,16 +11,24 @@ nothing. Each verdict is written to a private copy of fd 1 together with the job
 """
 
 import builtins
-import ctypes
 import json
-import math
 import os
-import resource
 import select
 import signal
 import subprocess
 import time
 
+from grouprl.sandbox._judge_os import (  # sandbox:inline
+    ProgramDied,
+    RemoteError,
+    TestTimeout,
+    _describe_exit,
+    _harden,
+    _head_tail,
+    _norm_output,
+    rlimits_preexec,
+    same,
+)
 from grouprl.sandbox._wire import MAX_LINE, WireError, decode, dumps, encode  # sandbox:inline
 
 _REC = None
@@ -30,34 +38,6 @@ _NONCE = ""
 def emit(**rec):
     rec["nonce"] = _NONCE
     os.write(_REC, dumps(rec))
-
-
-class ProgramDied(Exception):
-    """The program's process is gone (exit, signal, limit)."""
-
-
-class TestTimeout(Exception):
-    """The test ran past its deadline."""
-
-    __test__ = False
-
-
-class RemoteError(Exception):
-    """An exception raised inside the program that has no built-in counterpart."""
-
-
-def _describe_exit(code, limits):
-    if code is None:
-        return "the program's process stopped answering"
-    if code < 0:
-        sig = -code
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig == signal.SIGXCPU:
-            return "the program was killed by the CPU time limit ({}s, SIGXCPU)".format(limits["cpu_s"])
-        if sig == signal.SIGXFSZ:
-            return "the program was killed by the file size limit ({} MiB)".format(limits["fsize_mb"])
-        return f"the program was killed by signal {name}"
-    return f"the program's process exited with code {code} (exiting is never a pass)"
 
 
 class Server:
@@ -76,7 +56,7 @@ class Server:
         argv = [self.spec["python"], "-I", "-c", self.spec["server_src"], str(req_r), str(rep_w)]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(req_r, rep_w),
-            preexec_fn=_limits_preexec, start_new_session=True, env=self.spec["env"],
+            preexec_fn=rlimits_preexec(self.spec["limits"]), start_new_session=True, env=self.spec["env"],
         )
         out.close()
         err.close()
@@ -241,19 +221,6 @@ class Namespace(dict):
 _BUILTIN_NAMES = frozenset(dir(builtins))
 
 
-def same(a, b):
-    """Equality of two plain values, floats within 1e-6 relative, lists and tuples alike."""
-    if isinstance(a, float) or isinstance(b, float):
-        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-        return False
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    return a == b
-
-
 def _reason(e):
     if isinstance(e, AssertionError):
         return "AssertionError" + (f": {e}" if str(e) else "")
@@ -318,13 +285,6 @@ def run_code_tests(suite):
         session.close()
 
 
-def _norm_output(text):
-    lines = [ln.rstrip() for ln in text.replace("\r\n", "\n").split("\n")]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
 def run_stdio_tests(suite):
     """Each case runs the program afresh with the case's stdin; its stdout is compared here."""
     with open("solution.py", "w") as f:
@@ -338,7 +298,7 @@ def run_stdio_tests(suite):
             with open("program.stderr", "ab") as err:
                 server.proc = subprocess.Popen(
                     argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                    preexec_fn=_limits_preexec, start_new_session=True, env=SPEC["env"],
+                    preexec_fn=rlimits_preexec(SPEC["limits"]), start_new_session=True, env=SPEC["env"],
                 )
             proc = server.proc
             try:
@@ -393,46 +353,6 @@ def _feed_and_read(proc, data, cap, deadline):
     if code != 0:
         raise ProgramDied(_describe_exit(code, SPEC["limits"]))
     return bytes(out)
-
-
-def _limits_preexec():
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the judge
-    mb = 1024 * 1024
-    limits = SPEC["limits"]
-    for res, val in (
-        (resource.RLIMIT_AS, limits["as_mb"] * mb),
-        (resource.RLIMIT_CPU, limits["cpu_s"]),
-        (resource.RLIMIT_NPROC, limits["nproc"]),
-        (resource.RLIMIT_FSIZE, limits["fsize_mb"] * mb),
-        (resource.RLIMIT_NOFILE, limits["nofile"]),
-        (resource.RLIMIT_CORE, 0),
-    ):
-        resource.setrlimit(res, (val, val))
-
-
-def _head_tail(path, n, tail):
-    try:
-        with open(path, "rb") as f:
-            if tail:
-                f.seek(max(0, os.fstat(f.fileno()).st_size - n))
-            return f.read(n).decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
-def _harden(uid):
-    """Drop to the sandbox uid, forbid privilege gain, and become non-dumpable."""
-    if uid is not None and os.getuid() == 0:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: setuid binaries give no privileges
-    libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0: no ptrace, no /proc/<judge>/{mem,fd,environ}
-    libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphans of the program come back to us
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the parent (after setuid, which clears it)
-    if os.getuid() == 0 and uid is not None:
-        raise RuntimeError("could not drop root privileges")
 
 
 def main():

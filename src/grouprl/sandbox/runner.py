@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -60,10 +61,20 @@ class Limits:
 
 
 def _inline(name: str) -> str:
-    src = (Path(__file__).parent / name).read_text()
-    wire = (Path(__file__).parent / "_wire.py").read_text()
-    lines = [wire if line.endswith("# sandbox:inline") else line for line in src.splitlines()]
-    return "\n".join(lines) + "\n"
+    """``name``'s source with each ``from grouprl.sandbox.<mod> import ...  # sandbox:inline`` statement
+    replaced by ``<mod>.py`` itself: the judge and the program server run as single stdlib-only scripts."""
+    here = Path(__file__).parent
+    lines, out = iter((here / name).read_text().splitlines()), []
+    for line in lines:
+        found = re.match(r"from grouprl\.sandbox\.(\w+) import .*# sandbox:inline$", line)
+        if not found:
+            out.append(line)
+            continue
+        out.append((here / f"{found[1]}.py").read_text())
+        if "(" in line:  # a parenthesised import list: skip to its end
+            while ")" not in line:
+                line = next(lines)
+    return "\n".join(out) + "\n"
 
 
 @functools.lru_cache(maxsize=1)
