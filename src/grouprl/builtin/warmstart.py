@@ -89,6 +89,9 @@ class WarmStart:
     no_tools_fraction: float = 0.0
     """With ``environment``: fraction of the direct answers shown a prompt that lists no tools (so the
     model also knows what to do when the tool is off: the baseline of the tool recipe)."""
+    mask_direct_digits: bool = False
+    """With ``environment``: the digits of direct answers get loss mask 0 (only the "Answer: " format and
+    the end of turn are trained), so what follows "Answer:" is learned from copied tool replies alone."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -99,7 +102,7 @@ class WarmStart:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0}
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "mask_direct_digits": False}
 
 
 WARMSTARTS: dict[str, WarmStart] = {

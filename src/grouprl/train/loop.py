@@ -35,7 +35,7 @@ from grouprl.registry import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOS
 from grouprl.rollout import SamplingParams, make_backend
 from grouprl.rollout.vllm_backend import options_from as vllm_options
 from grouprl.train import checkpoint as ckpt
-from grouprl.train import dist, reporting
+from grouprl.train import dist, reporting, turn_credit
 from grouprl.train.agent import build_agent
 from grouprl.train.evaluate import evaluate_model
 from grouprl.train.metrics import MetricsLogger, Timers, report_step
@@ -220,7 +220,9 @@ def plan_steps(cfg: GRPOConfig, num_rows: int, *, world: int = 1) -> tuple[int, 
 def advantage_function(cfg: GRPOConfig):
     """The registered estimator with exactly the hyper-parameters ``cfg.resolved()`` gives it."""
     fns = cfg.resolved()
-    return partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
+    fn = partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
+    turn_credit.check_config(cfg, fn)  # a turn-level estimator needs multi-turn rollouts
+    return fn
 
 
 def should_save(cfg: GRPOConfig, step: int, steps_per_epoch: int, total_steps: int) -> bool:
