@@ -93,3 +93,16 @@ def test_tiny_tool_warmstart_builds_loads_and_rolls_out(tmp_path):
     (traj,) = rollout.run([ROW], params=SamplingParams(max_new_tokens=24, temperature=0.0))
     assert traj.end_reason in ("answered", "max_tokens", "max_turns") and 0 < len(traj.completion_ids) <= 24
     assert tok.decode(traj.prompt_ids).startswith("<|im_start|>system\nTools: calculator(expression)<|im_end|>")
+
+
+def test_masked_direct_answer_trains_the_format_not_the_digits(tok):
+    direct = tool_conversation(ROW, call=False, mask_digits=True)
+    assert direct[1]["mask_digits"] is True and direct[1]["content"] == "Answer: 173941"
+    ids, mask = conversation_ids(tok, direct, CALCULATOR_TOOLS)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "Answer: <|im_end|>"  # the six digits carry no loss, the format and end of turn do
+    plain_ids, plain_mask = conversation_ids(tok, tool_conversation(ROW, call=False), CALCULATOR_TOOLS)
+    assert plain_ids == ids and sum(plain_mask) - sum(mask) == 6
+    # a tool call's copied reply stays trained
+    call_ids, call_mask = conversation_ids(tok, tool_conversation(ROW, call=True, mask_digits=True), CALCULATOR_TOOLS)
+    assert tok.decode([i for i, m in zip(call_ids, call_mask) if m]).endswith("Answer: 173941<|im_end|>")

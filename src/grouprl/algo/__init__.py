@@ -41,7 +41,6 @@ from grouprl.algo.losses import (
     gspo_token_loss,
     ppo_value_loss,
 )
-from grouprl.algo.turns import mt_grpo_advantages, turn_token_advantages
 from grouprl.algo.ops import (
     entropy_from_logits,
     masked_mean,
@@ -50,6 +49,7 @@ from grouprl.algo.ops import (
     masked_whiten,
     selective_log_softmax,
 )
+from grouprl.algo.turns import mt_grpo_advantages, turn_token_advantages
 
 __all__ = [
     "advantages", "aggregate", "compat", "kl", "losses", "ops", "turns",
