@@ -92,6 +92,11 @@ class WarmStart:
     mask_direct_digits: bool = False
     """With ``environment``: the digits of direct answers get loss mask 0 (only the "Answer: " format and
     the end of turn are trained), so what follows "Answer:" is learned from copied tool replies alone."""
+    decision_fraction: float = 1.0
+    """With ``environment``: fraction of the tool-call demonstrations whose first token (``<tool_call>``,
+    the choice to call) is trained; the others train only the call and the answer. Decouples the skill
+    (copying, learned from every call) from the policy (how often to call, learned from a few), so a
+    warm start can copy reliably and still call rarely: the choice RL then learns."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -102,7 +107,8 @@ class WarmStart:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "mask_direct_digits": False}
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "mask_direct_digits": False,
+                 "decision_fraction": 1.0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
