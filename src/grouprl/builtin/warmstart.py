@@ -26,11 +26,12 @@ Built-in names (see ``WARMSTARTS``):
 - ``calculator``: a tool user for ``What is 4817 * 36 + 529?`` (recipes/agent_calculator.yaml). Its
   demonstrations are chat conversations rendered by the tiny chat template, token for token as the
   multi-turn rollout (:mod:`grouprl.rollout.multiturn`) builds them; the loss covers only the assistant
-  turns, never the tool's reply. Half call the calculator and copy its result
+  turns, never the tool's reply. 90% call the calculator and copy its result
   (``<tool_call>calculator(expression="4817 * 36 + 529")</tool_call>``, tool: ``173941``,
-  ``Answer: 173941``), some of them with a mistyped expression (so a wrong answer); the rest answer at
-  once with the right number, which the tiny model cannot compute, so it learns the format of a direct
-  answer but not its digits.
+  ``Answer: 173941``), but only 2.5% of those calls train the first token, the choice to call
+  (``decision_fraction``); the rest answer at once, with the digits of their answer untrained
+  (``mask_direct_digits``: the tiny model cannot compute them). So the skill (copying) is learned from
+  every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
 """
 
 from __future__ import annotations
