@@ -49,3 +49,24 @@ def digit_match_reward(completion: str, *, answer=None, **meta) -> float | None:
         return 0.0
     p, r = pred.lstrip("-")[::-1], ref.lstrip("-")[::-1]
     return sum(a == b for a, b in zip(p, r)) / max(len(p), len(r))
+
+
+@REWARDS.register("reply_match")
+def reply_match_reward(completion: str, *, answer=None, tool_calls=None, **meta) -> float | None:
+    """``digit_match`` of the final answer against the last successful tool reply (copy fidelity).
+
+    Scores how faithfully the answer copies what the tool returned, right or wrong: paired with a
+    turn reward for the call itself (``advantage: mt_grpo``, ``turn_reward: tool_result_digits``) each
+    turn is credited for its own step. 0.0 when no tool call succeeded with an integer reply.
+
+    >>> calls = [{"name": "calculator", "result": "174141", "error": None}]
+    >>> reply_match_reward("Answer: 174141", answer="173941", tool_calls=calls)
+    1.0
+    >>> reply_match_reward("Answer: 173941", answer="173941", tool_calls=calls)  # not what the tool said
+    0.6666666666666666
+    """
+    replies = [c.get("result") for c in (tool_calls or []) if c.get("error") is None]
+    reply = _integer(str(replies[-1])) if replies else None
+    if reply is None:
+        return 0.0
+    return digit_match_reward(completion, answer=reply)

@@ -6,6 +6,8 @@ the built-in ones, chosen by ``advantage_kwargs.turn_reward``:
 
 - ``tool_result_match``: 1.0 when one of the trajectory's tool calls returned the reference ``answer``
   (the calculator recipe: the call was the right expression), else 0.0; NaN when the row has no answer;
+- ``tool_result_digits``: partial credit, the best ``digit_match`` of a tool reply against ``answer``
+  (a call with one wrong digit of six in its reply scores 5/6);
 - ``tool_success``: 1.0 when the trajectory made at least one tool call and none failed, else 0.0.
 
 Only multi-turn (tool) rollouts have turns: :func:`check_config` refuses the estimator otherwise.
@@ -29,11 +31,21 @@ def _result_match(traj: Any, answer: Any) -> float:
     return float(any(c.get("error") is None and str(c.get("result", "")).strip() == want for c in traj.tool_calls))
 
 
+def _result_digits(traj: Any, answer: Any) -> float:
+    from grouprl.rewards.digits import digit_match_reward
+
+    if answer is None:
+        return float("nan")
+    replies = [c.get("result") for c in traj.tool_calls if c.get("error") is None]
+    return max((digit_match_reward(f"Answer: {r}", answer=answer) or 0.0 for r in replies), default=0.0)
+
+
 def _success(traj: Any, answer: Any) -> float:
     return float(bool(traj.tool_calls) and all(c.get("error") is None for c in traj.tool_calls))
 
 
-TURN_REWARDS: dict[str, Callable[[Any, Any], float]] = {"tool_result_match": _result_match, "tool_success": _success}
+TURN_REWARDS: dict[str, Callable[[Any, Any], float]] = {
+    "tool_result_match": _result_match, "tool_result_digits": _result_digits, "tool_success": _success}
 
 
 def is_turn_level(fn: Any) -> bool:
