@@ -26,8 +26,9 @@ def _integer(text: str) -> str | None:
 
 @REWARDS.register("digit_match")
 def digit_match_reward(completion: str, *, answer=None, **meta) -> float | None:
-    """Fraction of the reference integer's places (units first) that the last ``Answer:`` integer matches.
+    """Partial credit: the fraction of the reference integer's digit places that the answer matches.
 
+    Places are aligned on the units digit; the answer is the integer of the last ``Answer:`` line.
     ``None`` when the reference is not an integer (no opinion); 0.0 when the completion has no
     ``Answer:`` line or the line is not an integer, or the signs differ.
 
@@ -53,7 +54,7 @@ def digit_match_reward(completion: str, *, answer=None, **meta) -> float | None:
 
 @REWARDS.register("reply_match")
 def reply_match_reward(completion: str, *, answer=None, tool_calls=None, **meta) -> float | None:
-    """``digit_match`` of the final answer against the last successful tool reply (copy fidelity).
+    """Copy fidelity: the digit match of the final answer against the last successful tool reply.
 
     Scores how faithfully the answer copies what the tool returned, right or wrong: paired with a
     turn reward for the call itself (``advantage: mt_grpo``, ``turn_reward: tool_result_digits``) each
