@@ -9,6 +9,15 @@ curve to JSON and a PNG::
 
     python benchmarks/agent_curve.py                      # benchmarks/results/agent_calculator.{json,png}
     python benchmarks/agent_curve.py max_steps=40         # recipe overrides
+    python benchmarks/agent_curve.py --grid --ws-seeds 0 1 2 --rl-seeds 0 1 2 --jobs 2 \
+        --out benchmarks/results/agent_calculator_grid.json [overrides]   # every warm-start x RL seed
+
+``--grid`` trains each (warm-start seed, RL seed) cell in its own process (``--jobs`` at a time, one
+thread each; warm-start seed s is ``builtin:calculator`` built with ``seed=s``, cached), writes each cell
+to ``<out>_cells/ws<W>_rl<R>.json`` (``--reuse`` keeps existing ones) and then one JSON with the per-seed
+table (held-out accuracy sampled and greedy, tool calls, before/after) and its spread, and a PNG.
+benchmarks/results/agent_calculator_before_issue28.{json,png} is the single-run curve of the earlier
+recipe design (60 steps, 50% tool demonstrations), measured on another machine.
 
 ``train_seconds`` is the sum of the trainer's own ``time/step`` (generation, tools, scoring, update) up
 to that step; ``wall_seconds`` is the wall clock since the trainer started, evaluations included (what a
