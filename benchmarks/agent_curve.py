@@ -120,11 +120,14 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path, overrides: list[str]) -> dict:
-    """One (warm-start seed, RL seed) run: the sampled held-out curve, greedy with the tool before/after."""
+def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path, overrides: list[str],
+         sft_steps: int | None = None) -> dict:
+    """One (warm-start seed, RL seed) run: the sampled held-out curve, greedy with the tool before/after.
+    ``sft_steps`` replaces the warm start's number of SFT steps (another cache entry)."""
     from grouprl.builtin.warmstart import builtin_model_path
 
-    model = builtin_model_path("calculator", seed=ws_seed) if ws_seed else "builtin:calculator"
+    spec = {"seed": ws_seed, **({"sft_steps": sft_steps} if sft_steps else {})}
+    model = builtin_model_path("calculator", **spec) if ws_seed or sft_steps else "builtin:calculator"
     run = train(config, eval_steps, run_dir, [f"model={model}", f"seed={rl_seed}", *overrides])
     cfg = run.pop("config")
     greedy_runs = {"warm_start": greedy(cfg, None, tool=True), "trained": greedy(cfg, run["final"], tool=True)}
@@ -153,7 +156,8 @@ def grid(args) -> int:
             time.sleep(5)
             running = [p for p in running if p.poll() is None]
         cmd = [sys.executable, __file__, "-c", args.config, "--eval-steps", str(args.eval_steps), "--cell", str(w), str(r),
-               "--out", str(parts / f"ws{w}_rl{r}.json"), "--runs-dir", f"{args.runs_dir}/ws{w}_rl{r}", *args.overrides]
+               "--out", str(parts / f"ws{w}_rl{r}.json"), "--runs-dir", f"{args.runs_dir}/ws{w}_rl{r}",
+               *(["--sft-steps", str(args.sft_steps)] if args.sft_steps else []), *args.overrides]
         running.append(subprocess.Popen(cmd, env=env))
     for p in running:
         p.wait()
@@ -217,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2, help="grid cells trained at once")
     ap.add_argument("--reuse", action="store_true", help="keep grid cells whose JSON already exists")
     ap.add_argument("--cell", type=int, nargs=2, metavar=("WS", "RL"), help="one grid cell (what --grid runs)")
+    ap.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps (default: the built-in's)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     args = ap.parse_args(argv)
     if args.grid:
         return grid(args)
     if args.cell:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        result = cell(args.config, args.cell[0], args.cell[1], args.eval_steps, Path(args.runs_dir), args.overrides)
+        result = cell(args.config, args.cell[0], args.cell[1], args.eval_steps, Path(args.runs_dir), args.overrides,
+                      sft_steps=args.sft_steps)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("ws_seed", "rl_seed", "before", "after", "greedy_before",
