@@ -119,8 +119,9 @@ WARMSTARTS: dict[str, WarmStart] = {
     # 90% of the demonstrations copy an expression into a call and its reply into the answer (the skill);
     # only 2.5% of those train the choice to call, so the warm start calls in about a third of its samples
     # (the policy GRPO then learns). Direct answers train "Answer: " but not digits the model cannot compute.
+    # 2,000 steps: at 1,200 the copy was not learned on the development CPU (benchmarks/agent_copy_check.py).
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.9, noise=0.0,
-                            no_tools_fraction=0.5, sft_steps=1200, mask_direct_digits=True,
+                            no_tools_fraction=0.5, sft_steps=2000, mask_direct_digits=True,
                             decision_fraction=0.025),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
                        batch_size=16),
