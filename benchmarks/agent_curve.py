@@ -9,6 +9,15 @@ curve to JSON and a PNG::
 
     python benchmarks/agent_curve.py                      # benchmarks/results/agent_calculator.{json,png}
     python benchmarks/agent_curve.py max_steps=40         # recipe overrides
+    python benchmarks/agent_curve.py --grid --ws-seeds 0 1 2 --rl-seeds 0 1 2 --jobs 2 \
+        --out benchmarks/results/agent_calculator_grid.json [overrides]   # every warm-start x RL seed
+
+``--grid`` trains each (warm-start seed, RL seed) cell in its own process (``--jobs`` at a time, one
+thread each; warm-start seed s is ``builtin:calculator`` built with ``seed=s``, cached), writes each cell
+to ``<out>_cells/ws<W>_rl<R>.json`` (``--reuse`` keeps existing ones) and then one JSON with the per-seed
+table (held-out accuracy sampled and greedy, tool calls, before/after) and its spread, and a PNG.
+benchmarks/results/agent_calculator_before_issue28.{json,png} is the single-run curve of the earlier
+recipe design (60 steps, 50% tool demonstrations), measured on another machine.
 
 ``train_seconds`` is the sum of the trainer's own ``time/step`` (generation, tools, scoring, update) up
 to that step; ``wall_seconds`` is the wall clock since the trainer started, evaluations included (what a
@@ -111,6 +120,94 @@ def plot(report: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path, overrides: list[str],
+         sft_steps: int | None = None) -> dict:
+    """One (warm-start seed, RL seed) run: the sampled held-out curve, greedy with the tool before/after.
+    ``sft_steps`` replaces the warm start's number of SFT steps (another cache entry)."""
+    from grouprl.builtin.warmstart import builtin_model_path
+
+    spec = {"seed": ws_seed, **({"sft_steps": sft_steps} if sft_steps else {})}
+    model = builtin_model_path("calculator", **spec) if ws_seed or sft_steps else "builtin:calculator"
+    run = train(config, eval_steps, run_dir, [f"model={model}", f"seed={rl_seed}", *overrides])
+    cfg = run.pop("config")
+    greedy_runs = {"warm_start": greedy(cfg, None, tool=True), "trained": greedy(cfg, run["final"], tool=True)}
+    return {"ws_seed": ws_seed, "rl_seed": rl_seed, "advantage": cfg.advantage,
+            "before": run["curve"][0]["accuracy"], "after": run["curve"][-1]["accuracy"],
+            "calls_before": run["curve"][0]["tool_calls_per_traj"], "calls_after": run["curve"][-1]["tool_calls_per_traj"],
+            "greedy_before": greedy_runs["warm_start"]["accuracy"], "greedy_after": greedy_runs["trained"]["accuracy"],
+            "greedy_calls_before": greedy_runs["warm_start"]["tool_calls_per_traj"],
+            "greedy_calls_after": greedy_runs["trained"]["tool_calls_per_traj"], **run}
+
+
+def grid(args) -> int:
+    """Every (warm-start seed, RL seed) cell, ``--jobs`` processes at a time (one thread each), then one
+    JSON with the per-seed table and its spread, and a PNG of before/after per cell."""
+    import subprocess
+
+    cells = [(w, r) for w in args.ws_seeds for r in args.rl_seeds]
+    out = Path(args.out)
+    parts = out.parent / f"{out.stem}_cells"
+    parts.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    todo = [c for c in cells if not (args.reuse and (parts / f"ws{c[0]}_rl{c[1]}.json").exists())]
+    running: list = []
+    for w, r in todo:
+        while len(running) >= args.jobs:
+            time.sleep(5)
+            running = [p for p in running if p.poll() is None]
+        cmd = [sys.executable, __file__, "-c", args.config, "--eval-steps", str(args.eval_steps), "--cell", str(w), str(r),
+               "--out", str(parts / f"ws{w}_rl{r}.json"), "--runs-dir", f"{args.runs_dir}/ws{w}_rl{r}",
+               *(["--sft-steps", str(args.sft_steps)] if args.sft_steps else []), *args.overrides]
+        running.append(subprocess.Popen(cmd, env=env))
+    for p in running:
+        p.wait()
+    rows = [json.loads((parts / f"ws{w}_rl{r}.json").read_text()) for w, r in cells
+            if (parts / f"ws{w}_rl{r}.json").exists()]
+    table = [{k: row[k] for k in ("ws_seed", "rl_seed", "before", "after", "greedy_before", "greedy_after",
+                                   "calls_before", "calls_after", "train_seconds", "wall_seconds")} for row in rows]
+    gains = [t["after"] - t["before"] for t in table]
+    greedy_gains = [t["greedy_after"] - t["greedy_before"] for t in table]
+    report = {"recipe": args.config, "overrides": args.overrides, "cells": table, "cpu_count": os.cpu_count(),
+              "gain_min": min(gains, default=None), "gain_max": max(gains, default=None),
+              "greedy_gain_min": min(greedy_gains, default=None), "greedy_gain_max": max(greedy_gains, default=None),
+              "load_average_end": [round(x, 2) for x in os.getloadavg()], "runs": rows}
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot_grid(report, out.with_suffix(".png"))
+    print(json.dumps({k: report[k] for k in ("gain_min", "gain_max", "greedy_gain_min", "greedy_gain_max")}
+                     | {"cells": table}), file=sys.stderr)
+    return 0
+
+
+def plot_grid(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for run in report["runs"]:
+        label = f"ws{run['ws_seed']} rl{run['rl_seed']}"
+        ax1.plot([p["step"] for p in run["curve"]], [100 * p["accuracy"] for p in run["curve"]], marker="o", label=label)
+    ax1.set_xlabel("optimizer step")
+    ax1.set_ylabel("held-out accuracy, sampled (%)")
+    ax1.set_ylim(-2, 102)
+    ax1.legend(fontsize=7, ncol=3)
+    cells = report["cells"]
+    x = range(len(cells))
+    ax2.bar([i - 0.2 for i in x], [100 * c["greedy_before"] for c in cells], width=0.4, label="greedy, warm start")
+    ax2.bar([i + 0.2 for i in x], [100 * c["greedy_after"] for c in cells], width=0.4, label="greedy, trained")
+    ax2.set_xticks(list(x), [f"{c['ws_seed']}/{c['rl_seed']}" for c in cells], fontsize=7)
+    ax2.set_xlabel("warm-start seed / RL seed")
+    ax2.set_ylabel("held-out accuracy, greedy (%)")
+    ax2.set_ylim(0, 100)
+    ax2.legend(fontsize=7)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"{Path(report['recipe']).name}: every warm-start x RL seed, {report['cpu_count']} CPU cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", default=str(ROOT / "recipes" / "agent_calculator.yaml"))
@@ -118,8 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "agent_calculator.json"))
     ap.add_argument("--runs-dir", default=str(ROOT / "outputs" / "agent_curve"))
     ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON at --out")
+    ap.add_argument("--grid", action="store_true", help="every --ws-seeds x --rl-seeds cell (see grid())")
+    ap.add_argument("--ws-seeds", type=int, nargs="+", default=[0, 1, 2], help="warm-start (SFT) seeds")
+    ap.add_argument("--rl-seeds", type=int, nargs="+", default=[0, 1, 2], help="RL seeds")
+    ap.add_argument("--jobs", type=int, default=2, help="grid cells trained at once")
+    ap.add_argument("--reuse", action="store_true", help="keep grid cells whose JSON already exists")
+    ap.add_argument("--cell", type=int, nargs=2, metavar=("WS", "RL"), help="one grid cell (what --grid runs)")
+    ap.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps (default: the built-in's)")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     args = ap.parse_args(argv)
+    if args.grid:
+        return grid(args)
+    if args.cell:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        result = cell(args.config, args.cell[0], args.cell[1], args.eval_steps, Path(args.runs_dir), args.overrides,
+                      sft_steps=args.sft_steps)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps({k: result[k] for k in ("ws_seed", "rl_seed", "before", "after", "greedy_before",
+                                                 "greedy_after")}), file=sys.stderr)
+        return 0
     if args.replot:
         plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
         return 0

@@ -93,3 +93,36 @@ def test_tiny_tool_warmstart_builds_loads_and_rolls_out(tmp_path):
     (traj,) = rollout.run([ROW], params=SamplingParams(max_new_tokens=24, temperature=0.0))
     assert traj.end_reason in ("answered", "max_tokens", "max_turns") and 0 < len(traj.completion_ids) <= 24
     assert tok.decode(traj.prompt_ids).startswith("<|im_start|>system\nTools: calculator(expression)<|im_end|>")
+
+
+def test_masked_direct_answer_trains_the_format_not_the_digits(tok):
+    direct = tool_conversation(ROW, call=False, mask_digits=True)
+    assert direct[1]["mask_digits"] is True and direct[1]["content"] == "Answer: 173941"
+    ids, mask = conversation_ids(tok, direct, CALCULATOR_TOOLS)
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "Answer: <|im_end|>"  # the six digits carry no loss, the format and end of turn do
+    plain_ids, plain_mask = conversation_ids(tok, tool_conversation(ROW, call=False), CALCULATOR_TOOLS)
+    assert plain_ids == ids and sum(plain_mask) - sum(mask) == 6
+    # a tool call's copied reply stays trained
+    call_ids, call_mask = conversation_ids(tok, tool_conversation(ROW, call=True, mask_digits=True), CALCULATOR_TOOLS)
+    assert tok.decode([i for i, m in zip(call_ids, call_mask) if m]).endswith("Answer: 173941<|im_end|>")
+
+
+def test_masked_decision_trains_the_call_but_not_the_choice_to_call(tok):
+    call = tool_conversation(ROW, call=True, mask_decision=True)
+    assert call[1]["mask_first"] is True
+    ids, mask = conversation_ids(tok, call, CALCULATOR_TOOLS)
+    full_ids, full_mask = conversation_ids(tok, tool_conversation(ROW, call=True), CALCULATOR_TOOLS)
+    assert ids == full_ids and sum(full_mask) - sum(mask) == 1
+    first = full_mask.index(1)  # the first sampled token: <tool_call>, the choice to call
+    assert tok.decode([ids[first]]) == "<tool_call>" and mask[first] == 0 and mask[first + 1:] == full_mask[first + 1:]
+
+
+def test_decision_fraction_sets_how_often_the_choice_to_call_is_trained():
+    spec = replace(WARMSTARTS["calculator"], sft_rows=4000, tool_fraction=0.9, no_tools_fraction=0.5, noise=0.0,
+                   decision_fraction=0.025)
+    examples, accuracy = tool_examples(spec)
+    calls = [m for m, _ in examples if len(m) == 4]
+    decided = [m for m in calls if not m[1].get("mask_first")]
+    assert abs(len(calls) / 4000 - 0.9) < 0.02 and abs(len(decided) / len(calls) - 0.025) < 0.01
+    assert accuracy == 1.0  # no mistyped calls, direct answers right

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 on two gloo ranks train exactly like one process with the same global batch.
 
 The ranks wrap the policy and the optimizer in a ZeRO engine (``grouprl.train.parallel.deepspeed``, through
-``Ranks.zero_init`` as the loop does) and take the optimizer steps of ``train.step.optimizer_step``; their
+``Ranks.zero_init`` as the loop does) and take the optimizer steps of ``train.engine.step.accumulate_and_step``; their
 gathered parameters are compared with one plain process that sees the whole global batch
 (``dist_workers.train_two_steps``). One 2-process launch per stage runs every case.
 """

@@ -1,7 +1,7 @@
 """FSDP2 on two gloo ranks trains exactly like one process with the same global batch.
 
 The ranks shard the policy with ``fully_shard`` (``grouprl.train.parallel.fsdp``, through ``Ranks.shard`` as the loop
-does) and take the optimizer steps of ``train.step.optimizer_step``; their gathered parameters are compared
+does) and take the optimizer steps of ``train.engine.step.accumulate_and_step``; their gathered parameters are compared
 with one unsharded process that sees the whole global batch (``dist_workers.train_two_steps``).
 One 2-process launch runs every case.
 """

@@ -7,7 +7,7 @@ tensors. docs/ALGORITHMS.md maps every registry name to its paper, equation, fun
 
 from __future__ import annotations
 
-from grouprl.algo import advantages, aggregate, compat, kl, losses, ops
+from grouprl.algo import advantages, aggregate, compat, kl, losses, ops, turns
 from grouprl.algo.advantages import (
     ZERO_STD_TOL,
     compute_gae,
@@ -49,9 +49,10 @@ from grouprl.algo.ops import (
     masked_whiten,
     selective_log_softmax,
 )
+from grouprl.algo.turns import mt_grpo_advantages, turn_token_advantages
 
 __all__ = [
-    "advantages", "aggregate", "compat", "kl", "losses", "ops",
+    "advantages", "aggregate", "compat", "kl", "losses", "ops", "turns",
     "KL_LOG_RATIO_BOUND",
     "LOG_RATIO_BOUND",
     "Metrics",
@@ -81,11 +82,13 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "mt_grpo_advantages",
     "ppo_value_loss",
     "rloo_advantages",
     "selective_log_softmax",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
     "token_mean",
+    "turn_token_advantages",
     "zero_std_groups",
 ]

@@ -24,19 +24,27 @@ CALCULATOR_TOOLS = [{"type": "function", "function": {
 TOOLS = {"calculator": CALCULATOR_TOOLS}
 
 
-def tool_conversation(row: dict, *, call: bool, typo: tuple[str, str] | None = None) -> list[dict]:
+def tool_conversation(row: dict, *, call: bool, typo: tuple[str, str] | None = None,
+                      mask_digits: bool = False, mask_decision: bool = False) -> list[dict]:
     """The messages of one demonstration for a calculator ``row``.
 
     ``call=True``: call the calculator with the row's expression (or the mistyped one of ``typo =
-    (expression, value)``), read its reply, answer with it. ``call=False``: answer at once.
+    (expression, value)``), read its reply, answer with it. ``call=False``: answer at once; with
+    ``mask_digits`` that turn is marked ``"mask_digits": True`` (:func:`conversation_ids` then gives its
+    digit tokens loss mask 0: the SFT learns the format of a direct answer, not digits the model cannot
+    compute, so "Answer:" is followed by learned digits only where they were copied from a tool reply).
+    ``mask_decision`` (with ``call=True``): the call turn is marked ``"mask_first": True``, so its first
+    token (``<tool_call>``, the choice to call) is not trained, only the call and the answer that follow.
     """
     prompt = row["prompt"]
     messages = [dict(m) for m in prompt] if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     if not call:
-        return messages + [{"role": "assistant", "content": f"Answer: {row['answer']}"}]
+        turn = {"role": "assistant", "content": f"Answer: {row['answer']}"}
+        return messages + [{**turn, "mask_digits": True} if mask_digits else turn]
     expression, value = typo if typo is not None else (row["work"], row["answer"])
+    call_turn = {"role": "assistant", "content": f'<tool_call>calculator(expression="{expression}")</tool_call>'}
     return messages + [
-        {"role": "assistant", "content": f'<tool_call>calculator(expression="{expression}")</tool_call>'},
+        {**call_turn, "mask_first": True} if mask_decision else call_turn,
         {"role": "tool", "name": "calculator", "content": value},
         {"role": "assistant", "content": f"Answer: {value}"},
     ]
@@ -47,6 +55,7 @@ def tool_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict] | None]]
 
     ``spec.tool_fraction`` of them call the tool (``spec.noise`` of those with a mistyped expression);
     the others answer directly, ``spec.no_tools_fraction`` of those under a prompt that lists no tools.
+    Only ``spec.decision_fraction`` of the calls train their first token (the choice to call).
     """
     from grouprl.data.tasks import generate_rows, mistyped_expression
 
@@ -59,7 +68,9 @@ def tool_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict] | None]]
         call = rng.random() < spec.tool_fraction
         typo = mistyped_expression(row, rng) if call and rng.random() < spec.noise else None
         listed = call or rng.random() >= spec.no_tools_fraction
-        messages = tool_conversation(row, call=call, typo=typo)
+        decide = call and rng.random() < spec.decision_fraction if spec.decision_fraction < 1 else call
+        messages = tool_conversation(row, call=call, typo=typo, mask_digits=spec.mask_direct_digits,
+                                     mask_decision=call and not decide)
         right += messages[-1]["content"] == f"Answer: {row['answer']}"
         out.append((messages, TOOLS[spec.environment] if listed else None))
     return out, right / len(out)
@@ -73,7 +84,8 @@ def _render(tok: Any, messages: list[dict], tools: list[dict] | None, generation
 def conversation_ids(tok: Any, messages: list[dict], tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
     """Token ids of ``messages`` and their loss mask: 1 on each assistant turn's content + end-of-turn token.
 
-    The first user turn and its generation prompt, and everything between an assistant turn's
+    An assistant message with ``"mask_digits": True`` keeps mask 0 on its digit tokens, one with
+    ``"mask_first": True`` on its first token (the rest of the turn is trained). The first user turn and its generation prompt, and everything between an assistant turn's
     end-of-turn token and the next generation prompt (glue, tool messages) get 0. Raises ValueError when
     the template is not prefix-preserving (the rollout would refuse it too).
     """
@@ -93,7 +105,12 @@ def conversation_ids(tok: Any, messages: list[dict], tools: list[dict] | None = 
         for text, trained in ((before[len(done):], 0), (turn, 1)):
             piece = tok.encode(text, add_special_tokens=False)
             ids += piece
-            mask += [trained] * len(piece)
+            if trained and message.get("mask_digits"):
+                mask += [0 if tok.decode([t]).strip().isdigit() else 1 for t in piece]
+            elif trained and message.get("mask_first"):
+                mask += [0] + [1] * (len(piece) - 1)
+            else:
+                mask += [trained] * len(piece)
         done = before + turn
     return ids, mask
 

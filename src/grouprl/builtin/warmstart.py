@@ -26,11 +26,12 @@ Built-in names (see ``WARMSTARTS``):
 - ``calculator``: a tool user for ``What is 4817 * 36 + 529?`` (recipes/agent_calculator.yaml). Its
   demonstrations are chat conversations rendered by the tiny chat template, token for token as the
   multi-turn rollout (:mod:`grouprl.rollout.multiturn`) builds them; the loss covers only the assistant
-  turns, never the tool's reply. Half call the calculator and copy its result
+  turns, never the tool's reply. 90% call the calculator and copy its result
   (``<tool_call>calculator(expression="4817 * 36 + 529")</tool_call>``, tool: ``173941``,
-  ``Answer: 173941``), some of them with a mistyped expression (so a wrong answer); the rest answer at
-  once with the right number, which the tiny model cannot compute, so it learns the format of a direct
-  answer but not its digits.
+  ``Answer: 173941``), but only 2.5% of those calls train the first token, the choice to call
+  (``decision_fraction``); the rest answer at once, with the digits of their answer untrained
+  (``mask_direct_digits``: the tiny model cannot compute them). So the skill (copying) is learned from
+  every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ class WarmStart:
     demo_version: int = 0
     """Bumped when a demonstration module's conversations change (``judge`` 1: each answer fenced by a
     random tag, as the judge reward now sends it), so the cached build is rebuilt."""
+    mask_direct_digits: bool = False
+    """With ``environment``: the digits of direct answers get loss mask 0 (only the "Answer: " format and
+    the end of turn are trained), so what follows "Answer:" is learned from copied tool replies alone."""
+    decision_fraction: float = 1.0
+    """With ``environment``: fraction of the tool-call demonstrations whose first token (``<tool_call>``,
+    the choice to call) is trained; the others train only the call and the answer. Decouples the skill
+    (copying, learned from every call) from the policy (how often to call, learned from a few), so a
+    warm start can copy reliably and still call rarely: the choice RL then learns."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -102,15 +111,21 @@ class WarmStart:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0}
+_LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0,
+                 "mask_direct_digits": False, "decision_fraction": 1.0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
     "arithmetic": WarmStart(direct_fraction=0.6, hasty_error=0.5),
     "arithmetic-noisy": WarmStart(noise=0.3),
     "countdown": WarmStart(task="countdown", sft_steps=600),
-    "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.5, noise=0.2,
-                            no_tools_fraction=0.5, sft_steps=1200),
+    # 90% of the demonstrations copy an expression into a call and its reply into the answer (the skill);
+    # only 2.5% of those train the choice to call, so the warm start calls in about a third of its samples
+    # (the policy GRPO then learns). Direct answers train "Answer: " but not digits the model cannot compute.
+    # 2,000 steps: at 1,200 the copy was not learned on the development CPU (benchmarks/agent_copy_check.py).
+    "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.9, noise=0.0,
+                            no_tools_fraction=0.5, sft_steps=2000, mask_direct_digits=True,
+                            decision_fraction=0.025),
     # reasoning-gym basic_arithmetic, a op b with one-digit operands and + - * (recipes/reasoning_gym.yaml); every
     # demonstration is right, but half give the bare number without reasoning-gym's <answer> tag (scored 0)
     "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(

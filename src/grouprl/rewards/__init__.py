@@ -18,6 +18,7 @@ safety         ``safety_reward`` (+ ``safety_report`` for the hits and their cat
 robust         ``robust_reward``: accuracy with anti-hacking defences
 composite      ``composite_reward``: ``AgentRewardFunction`` total
 countdown      ``countdown_reward``: the expression uses each number once and reaches the target
+digit_match    ``digit_match_reward``: partial credit, the fraction of an integer answer's digits in place
 judge          ``judge_reward``: an LLM judge over an OpenAI-compatible endpoint (batch form)
 retrieval      ``retrieval_reward``: judge + citation/answer/efficiency/safety rules (batch form)
 reasoning_gym  ``reasoning_gym_reward``: a reasoning-gym task's own ``score_answer`` on the answer
@@ -52,6 +53,7 @@ from grouprl.rewards.composite import (
     retrieval_reward_config,
 )
 from grouprl.rewards.countdown import countdown_reward
+from grouprl.rewards.digits import digit_match_reward
 from grouprl.rewards.efficiency import dapo_overlong_penalty, efficiency_reward
 from grouprl.rewards.exact import exact_match_reward
 from grouprl.rewards.format import format_reward
@@ -83,6 +85,7 @@ __all__ = [
     "reasoning_gym_reward",
     "countdown_reward",
     "dapo_overlong_penalty",
+    "digit_match_reward",
     "efficiency_reward",
     "exact_match_reward",
     "extract_answer",

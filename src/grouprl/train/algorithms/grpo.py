@@ -40,6 +40,7 @@ from grouprl.run.resume_config import config_record
 from grouprl.run.reward_signal import RewardWatch
 from grouprl.run.signals import GracefulStop
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import turn_credit
 from grouprl.train.agent import build_agent
 from grouprl.train.algorithms.base import Algorithm, register_algorithm
 from grouprl.train.algorithms.rounds import Round, RunContext, generate_round, sampling_params
@@ -251,7 +252,9 @@ def plan_steps(cfg: GRPOConfig, num_rows: int, *, world: int = 1) -> tuple[int, 
 def advantage_function(cfg: GRPOConfig):
     """The registered estimator with exactly the hyper-parameters ``cfg.resolved()`` gives it."""
     fns = cfg.resolved()
-    return partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
+    fn = partial(ADVANTAGES.get(fns["advantage"]), **fns["advantage_hparams"])
+    turn_credit.check_config(cfg, fn)  # a turn-level estimator needs multi-turn rollouts
+    return fn
 
 
 register_algorithm("grpo", Algorithm(train=train))

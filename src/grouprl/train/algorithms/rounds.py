@@ -19,6 +19,7 @@ Shapes: B prompts, G completions each, N = B*G rows, T completion tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +32,7 @@ from grouprl.data.load import render_prompt, reward_columns
 from grouprl.data.stream import PromptStream
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout, SamplingParams, concat_rollouts
+from grouprl.train import turn_credit
 from grouprl.train.agent import add_env_rewards, agent_metrics, agent_rollout, reward_inputs
 from grouprl.train.checkpoint.unpickle import moved_from
 from grouprl.train.engine.model import Reference
@@ -87,7 +89,7 @@ class RoundBatch:
     """The groups a round trains on, after dynamic sampling (N = B*G rows, grouped)."""
 
     rollout: Rollout
-    adv: torch.Tensor  # [N]
+    adv: torch.Tensor  # [N], or [N, T] per token for a turn-level estimator (train/turn_credit.py)
     rewards: torch.Tensor | None = None  # [B,G] total, NaN = no opinion
     components: list[list[float]] = field(default_factory=list)  # [N][F]
 
@@ -181,8 +183,9 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
     batch = assemble(ctx, parts, keep)
     empty = len(batch.adv) == 0  # this rank kept no group: its advantage statistics are NaN (ignored over ranks)
+    row_adv = turn_credit.row_advantages(batch.adv, batch.rollout.loss_mask)  # [N]: per token -> first turn's
     metrics = round_metrics(ctx.scorer.names, first.rewards, first.components, first.rollout,
-                            batch.adv if not empty else torch.zeros(1),
+                            row_adv if not empty else torch.zeros(1),
                             zero_std_groups(first.rewards, ctx.cfg.advantage_kwargs))
     if empty:
         metrics.update({k: float("nan") for k in metrics if k.startswith("advantage/")})
@@ -196,7 +199,7 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     metrics.update({"dynamic/kept_groups": float(kept), "dynamic/extra_rounds": float(extra_rounds),
                     "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan")})
     mbs = micro_batches(ctx, batch, timers)
-    samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, batch.adv,
+    samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, row_adv,
                             ctx.cfg.num_completions_to_log, ctx.tokenizer)
     return Round(mbs, metrics, samples)
 
@@ -240,8 +243,13 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     G = ctx.cfg.num_generations
     # per sampled part, on the rewards of every rank (train/parallel/ranks.py: a batch std sees the global batch);
     # a part this rank did not generate joins the collective with no rows
-    part_adv = [global_advantage(dist.current(), ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
-                for s in parts]
+    per_turn = turn_credit.is_turn_level(ctx.advantage_fn)  # [B,G,2]: first turn, later turns (MT-GRPO)
+    if per_turn:
+        part_adv = [turn_credit.part_advantage(partial(global_advantage, dist.current()), ctx.advantage_fn, s, G)
+                    for s in parts]
+    else:
+        part_adv = [global_advantage(dist.current(), ctx.advantage_fn, s.rewards if s is not None else torch.zeros(0, G))
+                    for s in parts]
     if not keep:  # this rank keeps no group (drop): it trains on nothing this round
         first = parts[0]
         return RoundBatch(first.rollout.select([]), torch.zeros(0), first.rewards[:0], [])
@@ -253,8 +261,11 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
         rewards.append(s.rewards[b])
         components.extend(s.components[r] for r in rows)
         advs.append(part_adv[p][b])
-    adv = torch.stack(advs).reshape(-1).float()
+    adv = torch.stack(advs).reshape(-1, 2) if per_turn else torch.stack(advs).reshape(-1)
     rollout = concat_rollouts(rollouts, ctx.tokenizer.pad_token_id)
+    if per_turn:  # one advantage per token: the first model turn's, then the later turns'
+        adv = turn_credit.token_advantages(rollout.loss_mask, adv)
+    adv = adv.float()
     return RoundBatch(rollout, adv, torch.stack(rewards), components)
 
 
@@ -280,7 +291,8 @@ def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[Mi
         i = torch.as_tensor(c, dtype=torch.long, device=device)
         T = max(int(r.completion_mask[i].sum(dim=1).max().item()) if len(c) else 1, 1)
         mbs.append(MicroBatch(r.prompt_ids[i], r.prompt_mask[i], r.completion_ids[i][:, :T],
-                              r.completion_mask[i][:, :T], loss_mask[i][:, :T], adv[i],
+                              r.completion_mask[i][:, :T], loss_mask[i][:, :T],
+                              adv[i][:, :T] if adv.dim() == 2 else adv[i],
                               rollout_logp=None if r.rollout_logp is None else r.rollout_logp[i][:, :T].float()))
     if ctx.reference is not None:
         with timers("ref_forward"), ctx.reference.context():
