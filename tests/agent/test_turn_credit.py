@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from grouprl.train.algorithms.rounds import Scored, assemble
 
 from grouprl.algo.turns import mt_grpo_advantages
 from grouprl.errors import ConfigError
 from grouprl.rollout.base import Rollout
 from grouprl.rollout.trajectory import Trajectory
 from grouprl.train import turn_credit
+from grouprl.train.algorithms.rounds import Scored, assemble
 
 
 def _scored(masks: list[list[int]], calls: list[list[dict]], answers: list[str], rewards: list[float]) -> Scored:
@@ -79,9 +79,9 @@ def test_config_refuses_mt_grpo_without_turns_and_unknown_turn_rewards():
 
 
 def test_trainer_runs_mt_grpo_end_to_end(tmp_path, tiny_model_dir, monkeypatch):
-    import grouprl.train.algorithms.rounds as round_mod
     from agent_helpers import ROWS, E, use_script
 
+    import grouprl.train.algorithms.rounds as round_mod
     from grouprl import GRPOConfig, GRPOTrainer
 
     seen = []

@@ -61,10 +61,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def make_server(llm: Any, vllm: Any, host: str, port: int, *, model: str = ""):
-    """An ``http.server.HTTPServer`` answering the routes above with ``llm`` (port 0 = any free port)."""
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
+def _routes(llm: Any, vllm: Any, model: str) -> dict:
+    """``(method, path) -> fn(body) -> reply`` of the server, over ``llm``."""
     from grouprl.rollout.base import SamplingParams
     from grouprl.rollout.vllm_backend import engine_generate, load_weights_into
     from grouprl.rollout.vllm_engine import engine_generate_each
@@ -94,6 +92,14 @@ def make_server(llm: Any, vllm: Any, host: str, port: int, *, model: str = ""):
     routes = {("GET", "/health"): lambda body: {"status": "ok", "model": model, "dtype": dtype},
               ("POST", "/generate"): generate, ("POST", "/update_weights"): update_weights,
               ("POST", "/reset_prefix_cache"): reset_prefix_cache}
+    return routes
+
+
+def make_server(llm: Any, vllm: Any, host: str, port: int, *, model: str = ""):
+    """An ``http.server.HTTPServer`` answering the routes above with ``llm`` (port 0 = any free port)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    routes = _routes(llm, vllm, model)
 
     class Handler(BaseHTTPRequestHandler):
         def _serve(self, method: str) -> None:

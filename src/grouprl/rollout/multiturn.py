@@ -44,7 +44,8 @@ from grouprl.envs.base import BadArgumentsError, ClassToolEnv, ToolEnv, call_wit
 from grouprl.rewards.tool_call import parse_tool_blocks
 from grouprl.rollout.chat import load_chat_template, prompt_ids, stop_token_ids, tool_turn_ids
 from grouprl.rollout.engine import Engine, FunctionEngine, Generation, TransformersEngine
-from grouprl.rollout.trajectory import END_REASONS, Trajectory, public_state
+from grouprl.rollout.trajectory import Trajectory, public_state
+from grouprl.rollout.trajectory import multiturn_metrics as multiturn_metrics  # re-exported: its old home
 
 GenerateFn = Callable[[list[list[int]], "list[int] | int", Any], list[list[int]]]
 CallToolFn = Callable[[Any, str, dict, float], "tuple[str, str | None]"]
@@ -369,27 +370,6 @@ class MultiTurnRollout:
                     if live.env is not None:
                         live.env.close()
         return [live.traj for live in lives]
-
-
-def multiturn_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
-    """Batch means: ``tools/calls_per_traj``, ``tools/failure_frac`` (failed / all calls), ``turns/mean``,
-    ``end_reason/<reason>`` fractions, ``tokens/model`` and ``tokens/tool`` per trajectory, and
-    ``env_reward/mean`` over the trajectories whose environment gave one."""
-    n = max(1, len(trajectories))
-    calls = [c for t in trajectories for c in t.tool_calls]
-    out = {
-        "tools/calls_per_traj": len(calls) / n,
-        "tools/failure_frac": sum(c["error"] is not None for c in calls) / max(1, len(calls)),
-        "turns/mean": sum(t.num_turns for t in trajectories) / n,
-        "tokens/model": sum(t.model_tokens for t in trajectories) / n,
-        "tokens/tool": sum(t.tool_tokens for t in trajectories) / n,
-    }
-    for reason in END_REASONS:
-        out[f"end_reason/{reason}"] = sum(t.end_reason == reason for t in trajectories) / n
-    rewards = [t.env_reward for t in trajectories if t.env_reward is not None]
-    if rewards:
-        out["env_reward/mean"] = sum(rewards) / len(rewards)
-    return out
 
 
 def hf_generate_fn(model: Any, tokenizer: Any, stop_ids: list[int] | None = None, *,

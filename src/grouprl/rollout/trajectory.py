@@ -162,3 +162,24 @@ def stack_trajectories(trajectories: list[Trajectory], pad_id: int, device: Any 
             if value is not None:
                 setattr(batch, name, value.to(device))
     return batch
+
+
+def multiturn_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Batch means: ``tools/calls_per_traj``, ``tools/failure_frac`` (failed / all calls), ``turns/mean``,
+    ``end_reason/<reason>`` fractions, ``tokens/model`` and ``tokens/tool`` per trajectory, and
+    ``env_reward/mean`` over the trajectories whose environment gave one."""
+    n = max(1, len(trajectories))
+    calls = [c for t in trajectories for c in t.tool_calls]
+    out = {
+        "tools/calls_per_traj": len(calls) / n,
+        "tools/failure_frac": sum(c["error"] is not None for c in calls) / max(1, len(calls)),
+        "turns/mean": sum(t.num_turns for t in trajectories) / n,
+        "tokens/model": sum(t.model_tokens for t in trajectories) / n,
+        "tokens/tool": sum(t.tool_tokens for t in trajectories) / n,
+    }
+    for reason in END_REASONS:
+        out[f"end_reason/{reason}"] = sum(t.end_reason == reason for t in trajectories) / n
+    rewards = [t.env_reward for t in trajectories if t.env_reward is not None]
+    if rewards:
+        out["env_reward/mean"] = sum(rewards) / len(rewards)
+    return out
