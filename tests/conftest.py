@@ -33,6 +33,18 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_judge_dir(tmp_path_factory):
+    """``tiny_model_dir``'s model declaring 2048 positions (RoPE: no weight depends on it), for a served LLM
+    judge: its prompts with fenced answers are longer than 512 tokens, and ``grouprl serve`` checks the context."""
+    import torch
+
+    torch.set_num_threads(1)
+    from grouprl.builtin.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-judge"), arch="qwen2", max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory):
     """Same as ``tiny_model_dir`` with a Llama architecture."""
     from grouprl.builtin.tiny import make_tiny_checkpoint

@@ -127,7 +127,7 @@ def test_greedy_is_the_models_choice_among_allowed_tokens(chat):
         ids.append(best)
 
 
-def test_the_endpoint_honours_response_format(tiny_model_dir):
+def test_the_endpoint_honours_response_format(tiny_judge_dir):
     import threading
 
     import httpx2
@@ -136,7 +136,7 @@ def test_the_endpoint_honours_response_format(tiny_model_dir):
     from grouprl.models import load_model, load_tokenizer
     from grouprl.serve.server import ChatServer, make_server
 
-    chat = ChatServer(load_model(str(tiny_model_dir), torch.device("cpu")), load_tokenizer(str(tiny_model_dir)),
+    chat = ChatServer(load_model(str(tiny_judge_dir), torch.device("cpu")), load_tokenizer(str(tiny_judge_dir)),
                       name="tiny", max_new_tokens=48, max_time_s=20)
     server = make_server(chat, "127.0.0.1", 0, socket_timeout_s=5)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

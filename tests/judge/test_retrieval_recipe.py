@@ -46,9 +46,9 @@ def _summary(stderr: str) -> tuple:
     return found[0]
 
 
-def test_the_recipe_runs_with_its_own_served_judge(tmp_path, tiny_model_dir):
+def test_the_recipe_runs_with_its_own_served_judge(tmp_path, tiny_model_dir, tiny_judge_dir):
     p = _train(tmp_path, f"model={tiny_model_dir}", "max_steps=1", "max_new_tokens=48", "per_device_train_batch_size=8",
-               f"reward_kwargs.retrieval.judge.serve.model={tiny_model_dir}",
+               f"reward_kwargs.retrieval.judge.serve.model={tiny_judge_dir}",
                "reward_kwargs.retrieval.judge.serve.startup_timeout_s=180", timeout=900)
     agreement, judged, no_opinion, *_ = _summary(p.stderr)
     # training: 2 prompts x G=4; the final evaluation: the 2 held-out prompts. Structured replies always parse.
