@@ -118,7 +118,14 @@ def test_a_client_that_disconnects_frees_its_slot(tiny):
         assert _wait_until(lambda: chat.engine.stats["cancelled"] == 2 and not chat.engine._rows)
 
 
-def test_a_request_that_waits_too_long_for_a_row_gets_503(tiny):
+def test_a_request_that_waits_too_long_for_a_row_gets_503(tiny, monkeypatch):
+    model, real = tiny[0], tiny[0].forward
+
+    def slow(*args, **kwargs):  # every decode step takes >= 20 ms, so the long request holds its row
+        time.sleep(0.02)  # for max_time_s however fast the machine (an idle CPU decodes 400 tokens in < 0.3 s)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
     with serving(*tiny, max_new_tokens=400, max_batch=1, queue_timeout_s=0.3, max_time_s=3) as (chat, url):
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
