@@ -32,8 +32,7 @@ def load_tokenizer(name: str):
     from transformers import AutoTokenizer
 
     from grouprl.errors import ConfigError
-    from grouprl.models import resolve_model_path
-    from grouprl.models import looks_like_path
+    from grouprl.models import looks_like_path, resolve_model_path
 
     if looks_like_path(name) and not Path(name).expanduser().exists():  # not a hub id error's traceback
         raise ConfigError(f"model={name!r}: no such folder (looked in {str(Path.cwd())!r}). Fix: give a model or "
