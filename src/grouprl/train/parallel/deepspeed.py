@@ -52,6 +52,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError, GroupRLError
+from grouprl.train.parallel.strategy import Strategy
 
 ENV = "ACCELERATE_USE_DEEPSPEED"
 FOLDER = "deepspeed"  # DeepSpeed's checkpoint inside a grouprl checkpoint
@@ -238,7 +239,7 @@ def gathered(engine: Any) -> Iterator[None]:
             offload._register_deepspeed_module(root, count=[0])
 
 
-class ZeRO:
+class ZeRO(Strategy):
     """The DeepSpeed ZeRO-2/3 sharding strategy of a :class:`~grouprl.train.parallel.ranks.Ranks` (held by
     composition as ``ranks.sharding``; chosen by ``Ranks.zero_init`` when accelerate's environment asks for
     DeepSpeed and several processes run)."""
@@ -251,13 +252,6 @@ class ZeRO:
 
     def shard(self, model: Any, reference: Any = None) -> bool:
         return False  # ZeRO partitions through its engine (zero_init), not fully_shard
-
-    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
-        """``fn`` called inside :meth:`full_weights` (on every rank)."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.full_weights(model):
-                return fn(*args, **kwargs)
-        return call
 
     def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
         """Wrap ``model`` and ``optimizer`` (already built) in a DeepSpeed ZeRO engine; returns whether it did."""

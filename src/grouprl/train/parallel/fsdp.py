@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from grouprl.errors import ConfigError
+from grouprl.train.parallel.strategy import Strategy
 
 ENV = "ACCELERATE_USE_FSDP"
 SHARDS = "distcp"  # the DCP folder inside a checkpoint
@@ -239,7 +240,7 @@ def load_full(model: Any, optimizer: Any, weights: dict[str, torch.Tensor], opti
                    options=StateDictOptions(full_state_dict=True, strict=False))
 
 
-class FSDP2:
+class FSDP2(Strategy):
     """The FSDP2 sharding strategy of a :class:`~grouprl.train.parallel.ranks.Ranks` (held by composition as
     ``ranks.sharding``; chosen by ``Ranks.shard`` when accelerate's environment asks for FSDP and several
     processes run)."""
@@ -271,13 +272,6 @@ class FSDP2:
             return nullcontext()
         self.ranks.check()
         return unsharded(model)
-
-    def with_full_weights(self, model: Any, fn: Callable) -> Callable:
-        """``fn`` called inside :meth:`full_weights` (on every rank)."""
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self.full_weights(model):
-                return fn(*args, **kwargs)
-        return call
 
     def zero_init(self, model: Any, optimizer: Any, cfg: Any) -> bool:
         return False  # FSDP2 shards without a DeepSpeed engine
