@@ -20,6 +20,10 @@ What the logged numbers mean (one record per optimizer step):
   was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
 - ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
   (DAPO, arXiv:2503.14476, Sec. 3.2).
+- ``data/ordinal_min``, ``data/ordinal_max``: the prompt ordinals (``data/stream.py``: the n-th prompt of the
+  run's stream, from 0, over every process) the round of this step drew, dynamic-sampling redraws included;
+  the rounds of a run tile 0, 1, 2, ... without a gap or an overlap (resumes included). Each samples.jsonl
+  record carries its prompt's ``ordinal``.
 - agent runs (tools or an environment, docs/AGENTS.md): ``tools/calls_per_traj``, ``tools/failure_frac``
   (failed / all calls), ``turns/mean``, ``end_reason/<reason>`` fractions, ``tokens/model`` / ``tokens/tool``
   per rollout, ``rewards/<EnvClass>/mean|std`` (the environment's ``get_reward``, named after its class as
@@ -305,8 +309,9 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
 
 
 def round_samples(names: list[str], rollout: Any, rewards: Any, components: list[list[float]], adv: Any,
-                  n: int, tokenizer: Any = None) -> list[dict]:
-    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion).
+                  n: int, tokenizer: Any = None, *, ordinals: list[int] | None = None) -> list[dict]:
+    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion);
+    ``ordinals`` [N]: each row's prompt ordinal (``data/stream.py``), written as ``ordinal``.
 
     Agent runs (``rollout.trajectories``) add the whole trajectory: ``messages``, ``tool_calls`` (with their
     results and errors), ``num_turns``, ``end_reason``, ``env_reward``, ``env_state``, ``completion_ids``,
@@ -321,6 +326,8 @@ def round_samples(names: list[str], rollout: Any, rewards: Any, components: list
         row = {"prompt": rollout.prompts[i], "completion": rollout.completions[i],
                "reward": _none_if_nan(float(totals[i])), "rewards": comps, "advantage": float(adv[i]),
                "truncated": bool(rollout.truncated[i])}
+        if ordinals:
+            row["ordinal"] = int(ordinals[i])
         if trajs is not None:
             row.update(trajectory_record(trajs[i], tokenizer))
         out.append(row)

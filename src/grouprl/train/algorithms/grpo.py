@@ -166,10 +166,13 @@ def take_step(ctx: RunContext, spec: LossSpec, optimizer: Any, scheduler: Any, t
 
 def save_state(ctx: RunContext, ranks: Any, stream: Any, optimizer: Any, scheduler: Any, run: Progress,
                guard: SkipGuard, steps_per_round: int) -> Any:
-    """Checkpoint ``run.step``: weights, optimizer, schedule, data position, the unfinished round, every
-    rank's RNG; the run report refreshed to cover it. Returns the checkpoint's path (rank 0) or None."""
+    """Checkpoint ``run.step``: weights, optimizer, schedule, data position, the training frontier, the
+    unfinished round, every rank's RNG; the run report refreshed to cover it. Returns the checkpoint's path
+    (rank 0) or None."""
     cfg, model = ctx.cfg, ctx.model
-    state = {"data": stream.state(), "round": run.rnd if run.round_step < steps_per_round else None,
+    frontier = training_frontier(run, stream)
+    data = stream.state() if frontier == stream.drawn else stream.position(frontier)  # rounds drawn ahead: redrawn
+    state = {"data": data, "frontier": frontier, "round": run.rnd if run.round_step < steps_per_round else None,
              "round_step": run.round_step, "history": run.history, "evals": run.evals, "skipped_steps": guard.total,
              "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
     per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
@@ -182,6 +185,17 @@ def save_state(ctx: RunContext, ranks: Any, stream: Any, optimizer: Any, schedul
                                 total_limit=cfg.save_total_limit, sharded=sharded)
     reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
     return path
+
+
+def training_frontier(run: Progress, stream: Any) -> int:
+    """The prompt ordinals training has consumed (``data/stream.py``): ``0 .. frontier - 1`` are those of every
+    round taken for training -- finished, or unfinished and saved with the checkpoint -- and of the groups
+    dynamic sampling filtered out of them. A round generated ahead but not yet taken is not consumed: a
+    resume draws it again from the frontier (OpenRLHF #1322, NeMo-RL #3599: prompts skipped when a
+    checkpoint saved the cursor past generated-but-untrained rollouts). Synchronously it is the stream's count."""
+    if run.rnd is not None and run.rnd.frontier is not None:
+        return run.rnd.frontier
+    return stream.drawn
 
 
 def join_ranks(cfg: GRPOConfig, model: Any) -> Any:

@@ -70,6 +70,8 @@ class Round:
     micro_batches: list[MicroBatch]
     metrics: dict[str, float]
     samples: list[dict] = field(default_factory=list)
+    ordinals: list[int] | None = None  # [N] the prompt ordinal (data/stream.py) of each row, in micro-batch order
+    frontier: int | None = None  # prompts drawn up to and including this round's (its dynamic-sampling redraws)
 
 
 @dataclass
@@ -82,6 +84,7 @@ class Scored:
     prompts: list[Any]
     columns: dict[str, list]
     trajectories: list | None = None  # agent runs: one Trajectory per row
+    ordinals: list[int] | None = None  # [B] each prompt's ordinal in the run's prompt stream
 
 
 @dataclass
@@ -92,6 +95,7 @@ class RoundBatch:
     adv: torch.Tensor  # [N], or [N, T] per token for a turn-level estimator (train/turn_credit.py)
     rewards: torch.Tensor | None = None  # [B,G] total, NaN = no opinion
     components: list[list[float]] = field(default_factory=list)  # [N][F]
+    ordinals: list[int] = field(default_factory=list)  # [N] each row's prompt ordinal
 
 
 def sampling_params(cfg: GRPOConfig) -> SamplingParams:
@@ -178,7 +182,9 @@ def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None
 
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
     """Rollout, score, (dynamic sampling), advantages, and the fixed log-probs the updates need."""
+    start = stream.drawn  # the ordinal of the round's first prompt (global over ranks)
     first = sample_and_score(ctx, stream.next(), timers)
+    first.ordinals = list(stream.last_ordinals)
     logged_by_rewards = dict(ctx.scorer.last_metrics)  # what the rewards logged with log_metric (judge/agreement)
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
     batch = assemble(ctx, parts, keep)
@@ -197,11 +203,13 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     kept = sum(dist.current().all_gather(len(keep)))  # the global count (the same on every rank)
     zero_kept = zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float()
     metrics.update({"dynamic/kept_groups": float(kept), "dynamic/extra_rounds": float(extra_rounds),
-                    "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan")})
+                    "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan"),
+                    # the global ordinals this round drew (redraws included): consecutive rounds tile 0, 1, 2, ...
+                    "data/ordinal_min": start, "data/ordinal_max": stream.drawn - 1})
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, row_adv,
-                            ctx.cfg.num_completions_to_log, ctx.tokenizer)
-    return Round(mbs, metrics, samples)
+                            ctx.cfg.num_completions_to_log, ctx.tokenizer, ordinals=batch.ordinals)
+    return Round(mbs, metrics, samples, ordinals=batch.ordinals, frontier=stream.drawn)
 
 
 def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
@@ -227,6 +235,7 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
         extra = sample_and_score(ctx, idx, timers) if len(keep) < B or joins else None
         parts.append(extra)
         if extra is not None:
+            extra.ordinals = list(stream.last_ordinals)
             zero = zero_std_groups(extra.rewards, cfg.advantage_kwargs)
             keep += [(len(parts) - 1, b) for b in range(B) if not zero[b]]
     if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
@@ -253,7 +262,7 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     if not keep:  # this rank keeps no group (drop): it trains on nothing this round
         first = parts[0]
         return RoundBatch(first.rollout.select([]), torch.zeros(0), first.rewards[:0], [])
-    rollouts, rewards, components, advs = [], [], [], []
+    rollouts, rewards, components, advs, ordinals = [], [], [], [], []
     for p, b in keep:
         s = parts[p]
         rows = list(range(b * G, (b + 1) * G))
@@ -261,12 +270,13 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
         rewards.append(s.rewards[b])
         components.extend(s.components[r] for r in rows)
         advs.append(part_adv[p][b])
+        ordinals.extend([s.ordinals[b]] * G if s.ordinals is not None else [])
     adv = torch.stack(advs).reshape(-1, 2) if per_turn else torch.stack(advs).reshape(-1)
     rollout = concat_rollouts(rollouts, ctx.tokenizer.pad_token_id)
     if per_turn:  # one advantage per token: the first model turn's, then the later turns'
         adv = turn_credit.token_advantages(rollout.loss_mask, adv)
     adv = adv.float()
-    return RoundBatch(rollout, adv, torch.stack(rewards), components)
+    return RoundBatch(rollout, adv, torch.stack(rewards), components, ordinals)
 
 
 def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[MicroBatch]:
