@@ -82,6 +82,33 @@ class Scored:
     prompts: list[Any]
     columns: dict[str, list]
     trajectories: list | None = None  # agent runs: one Trajectory per row
+    ordinals: list[int] = field(default_factory=list)  # [B]: each prompt's place in the prompt stream
+
+
+@dataclass
+class Sampled:
+    """The generate-and-score half of one round (:func:`sample_round`): the sampled parts (the first draw,
+    then dynamic sampling's redraws; ``None`` = a part this rank did not generate), the (part, group) pairs
+    kept, the extra draws, what the rewards logged, and ``version``: the optimizer step of the weights that
+    sampled it (``None``: the trainer's own, now)."""
+
+    parts: list[Scored | None]
+    keep: list[tuple[int, int]]
+    extra_rounds: int
+    logged: dict[str, float]
+    version: int | None = None
+
+
+def next_ordinals(stream: Any) -> list[int]:
+    """The ordinals of the prompts ``stream.next()`` will return: the n-th prompt drawn from the run's global
+    prompt stream (``data.stream.PromptStream``, redraws included) has ordinal n, counting from 0; a rank's
+    share (``RankStream``) is its contiguous slice of each global draw."""
+    base, rank, world = getattr(stream, "stream", stream), getattr(stream, "rank", 0), getattr(stream, "world", 1)
+    per_epoch = base.num_rows // base.batch
+    pos = base.pos if base.pos + base.batch <= base.num_rows else per_epoch * base.batch  # next() rolls over
+    first = (base.epoch * per_epoch + pos // base.batch) * base.batch
+    share = base.batch // world
+    return list(range(first + rank * share, first + (rank + 1) * share))
 
 
 @dataclass
@@ -178,9 +205,26 @@ def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None
 
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
     """Rollout, score, (dynamic sampling), advantages, and the fixed log-probs the updates need."""
+    return finish_round(ctx, sample_round(ctx, stream, timers), timers)
+
+
+def sample_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Sampled:
+    """The generate-and-score half of a round (what the rollout worker of ``grouprl.train.pipeline`` runs):
+    the next prompts, their completions and rewards, and the groups dynamic sampling keeps."""
+    ordinals = next_ordinals(stream)
     first = sample_and_score(ctx, stream.next(), timers)
+    first.ordinals = ordinals
     logged_by_rewards = dict(ctx.scorer.last_metrics)  # what the rewards logged with log_metric (judge/agreement)
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
+    return Sampled(parts, keep, extra_rounds, logged_by_rewards)
+
+
+def finish_round(ctx: RunContext, sampled: Sampled, timers: Timers) -> Round:
+    """The training half: advantages (over every rank), metrics, micro-batches with their fixed log-probs."""
+    parts, keep, extra_rounds, logged_by_rewards = sampled.parts, sampled.keep, sampled.extra_rounds, sampled.logged
+    first = parts[0]
+    if sum(dist.current().all_gather(len(keep))) == 0:  # 'drop' removed every group of every rank: keep the
+        keep = [(0, b) for b in range(first.rewards.shape[0])]  # batch (its advantages are all 0), as one process does
     batch = assemble(ctx, parts, keep)
     empty = len(batch.adv) == 0  # this rank kept no group: its advantage statistics are NaN (ignored over ranks)
     row_adv = turn_credit.row_advantages(batch.adv, batch.rollout.loss_mask)  # [N]: per token -> first turn's
@@ -201,6 +245,10 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, row_adv,
                             ctx.cfg.num_completions_to_log, ctx.tokenizer)
+    version = ctx.step if sampled.version is None else sampled.version
+    for i, row in enumerate(samples):  # which prompt, sampled by which weights (docs/ALGORITHMS.md, async)
+        p, b = keep[i // ctx.cfg.num_generations]
+        row.update(ordinal=parts[p].ordinals[b] if parts[p].ordinals else None, policy_version=version)
     return Round(mbs, metrics, samples)
 
 
@@ -223,18 +271,18 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
     while (cfg.dynamic_sampling == "resample" and rounds < cfg.max_resample_rounds
            and ranks.any_true(len(keep) < B)):
         rounds += 1
+        ordinals = next_ordinals(stream)
         idx = stream.next()
         extra = sample_and_score(ctx, idx, timers) if len(keep) < B or joins else None
+        if extra is not None:
+            extra.ordinals = ordinals
         parts.append(extra)
         if extra is not None:
             zero = zero_std_groups(extra.rewards, cfg.advantage_kwargs)
             keep += [(len(parts) - 1, b) for b in range(B) if not zero[b]]
     if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
         keep += [(p, b) for p, s in enumerate(parts) if s is not None for b in range(B) if (p, b) not in keep][:B - len(keep)]
-    keep = keep[:B]
-    if sum(ranks.all_gather(len(keep))) == 0:  # 'drop' removed every group of every rank: keep the batch
-        keep = [(0, b) for b in range(B)]  # (its advantages are all 0 anyway), as one process does
-    return parts, keep, rounds
+    return parts, keep[:B], rounds
 
 
 def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) -> RoundBatch:
