@@ -309,9 +309,8 @@ def round_metrics(names: list[str], rewards: Any, components: list[list[float]],
 
 
 def round_samples(names: list[str], rollout: Any, rewards: Any, components: list[list[float]], adv: Any,
-                  n: int, tokenizer: Any = None, *, ordinals: list[int] | None = None) -> list[dict]:
-    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion);
-    ``ordinals`` [N]: each row's prompt ordinal (``data/stream.py``), written as ``ordinal``.
+                  n: int, tokenizer: Any = None) -> list[dict]:
+    """The first ``n`` completions of a round for samples.jsonl (None where a reward had no opinion).
 
     Agent runs (``rollout.trajectories``) add the whole trajectory: ``messages``, ``tool_calls`` (with their
     results and errors), ``num_turns``, ``end_reason``, ``env_reward``, ``env_state``, ``completion_ids``,
@@ -326,8 +325,6 @@ def round_samples(names: list[str], rollout: Any, rewards: Any, components: list
         row = {"prompt": rollout.prompts[i], "completion": rollout.completions[i],
                "reward": _none_if_nan(float(totals[i])), "rewards": comps, "advantage": float(adv[i]),
                "truncated": bool(rollout.truncated[i])}
-        if ordinals:
-            row["ordinal"] = int(ordinals[i])
         if trajs is not None:
             row.update(trajectory_record(trajs[i], tokenizer))
         out.append(row)
