@@ -17,7 +17,13 @@ log            half-way through writing a metrics.jsonl record (a line cut short
 ckpt_write     inside a checkpoint write: the weights written, ``trainer_state.pt`` not
 ckpt_rename    a checkpoint complete in ``.tmp-checkpoint-<step>``, not yet renamed
 after_ckpt     after a checkpoint is renamed, before the next step (the run report's refresh)
+push           the trainer, inside a weight push to the rollout worker (``max_staleness`` >= 1)
+worker_gen     the rollout worker, inside its ``generate`` (a round in flight)
+worker_push    the rollout worker, inside taking a weight push (the broadcast half received)
 =============  ==================================================================================
+
+The ``worker_*`` points are armed in the trainer, which then starts its worker through :func:`worker_main`
+(the spawned worker process reads the same ``GROUPRL_TEST_KILL``).
 """
 
 from __future__ import annotations
@@ -73,6 +79,20 @@ class _TorchSaveKills:
         return getattr(self._torch, name)
 
 
+def worker_main(*args: Any) -> None:
+    """The rollout worker's entry point with its kill point armed (``grouprl.train.pipeline.worker.main``)."""
+    from grouprl.train.pipeline import weights, worker
+
+    point, n = os.environ["GROUPRL_TEST_KILL"].split(":")[:2]
+    if point == "worker_gen":
+        from grouprl.rollout import hf
+
+        hf.TransformersBackend.generate = _counting(hf.TransformersBackend.generate, int(n))
+    elif point == "worker_push":
+        weights.Receiver.receive = _counting(weights.Receiver.receive, int(n))
+    worker.main(*args)
+
+
 def install(spec: str | None = None) -> None:
     """Arm the kill point named by ``spec`` (default: ``$GROUPRL_TEST_KILL``); nothing when unset."""
     spec = spec if spec is not None else os.environ.get("GROUPRL_TEST_KILL", "")
@@ -108,5 +128,24 @@ def install(spec: str | None = None) -> None:
         store.fsync_tree = _counting(store.fsync_tree, 2 * n - 1)  # 2 calls per save: the files, then the rename
     elif point == "after_ckpt":
         reporting.refresh = _counting(reporting.refresh, n)
+    elif point == "push":
+        from grouprl.train.pipeline import weights
+
+        weights.Sender.push = _counting(weights.Sender.push, n)
+    elif point in ("worker_gen", "worker_push"):
+        from grouprl.train.pipeline import driver
+
+        os.environ["GROUPRL_TEST_KILL"] = spec  # what the spawned worker reads
+        driver.worker_mod = _WorkerModule(driver.worker_mod)
     else:
         raise ValueError(f"unknown kill point {point!r} (see {__file__})")
+
+
+class _WorkerModule:
+    """``grouprl.train.pipeline.worker`` as the driver sees it, with the entry point :func:`worker_main`."""
+
+    def __init__(self, module: Any) -> None:
+        self._module, self.main = module, worker_main
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)

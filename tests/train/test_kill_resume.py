@@ -63,20 +63,30 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(tiny_model_dir, data, tmp_path_factory):
-    """The uninterrupted run: its metrics and the rounds it trained."""
-    out = tmp_path_factory.mktemp("kill-reference") / "full"
-    subprocess.run(command(tiny_model_dir, data, out), check=True, env=environment(), capture_output=True,
-                   timeout=600)
-    records, rounds = train_records(out), check(out)
-    assert [(r.first, r.last) for r in rounds] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]  # 2 prompts a round
-    assert records[-1]["epoch"] == 1 and records[7]["epoch"] == 0  # the last round opens epoch 1
-    assert records[-1]["kl"] > 0 and records[-1]["reward"] != records[0]["reward"]  # the policy really moved
-    return records, rounds
+    """``reference(k)``: the uninterrupted run with ``max_staleness: k`` -- its metrics and the rounds it trained."""
+    runs: dict[int, tuple] = {}
+
+    def run(k: int) -> tuple:
+        if k not in runs:
+            out = tmp_path_factory.mktemp("kill-reference") / f"k{k}"
+            subprocess.run(command(tiny_model_dir, data, out, f"max_staleness={k}"), check=True, env=environment(),
+                           capture_output=True, timeout=600)
+            records, rounds = train_records(out), check(out)
+            assert [(r.first, r.last) for r in rounds] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]  # 2 prompts a round
+            assert records[-1]["epoch"] == 1 and records[7]["epoch"] == 0  # the last round opens epoch 1
+            assert records[-1]["kl"] > 0 and records[-1]["reward"] != records[0]["reward"]  # the policy really moved
+            if k:  # the worker really ran ahead: rounds trained by weights up to k steps old, none dropped
+                assert max(r["async/staleness_max"] for r in records) >= 1
+                assert all(r["async/dropped"] == 0 for r in records)
+            runs[k] = records, rounds
+        return runs[k]
+
+    return run
 
 
-# (kill point, the checkpoint the resume starts from): ``None`` = none written yet, a fresh start.
+# (max_staleness, kill point, the checkpoint the resume starts from): ``None`` = none written yet, a fresh start.
 # One case in the default suite (each costs 3 processes); `pytest -m slow tests/train/test_kill_resume.py` runs all.
-CASES = [
+SYNC = [
     pytest.param("clip:4", "checkpoint-3", marks=pytest.mark.slow, id="during-step-4-update-mid-round"),
     pytest.param("ckpt_write:2", "checkpoint-3", id="during-checkpoint-6-write"),
     pytest.param("generate:1", None, marks=pytest.mark.slow, id="first-generation-no-checkpoint"),
@@ -88,29 +98,43 @@ CASES = [
     pytest.param("after_ckpt:1", "checkpoint-3", marks=pytest.mark.slow, id="after-checkpoint-3-before-step-4"),
     pytest.param("after_ckpt:3", "checkpoint-9", marks=pytest.mark.slow, id="after-checkpoint-9-epoch-1-mid-round"),
 ]
+# max_staleness 2: the rollout worker (grouprl.train.pipeline) samples a round ahead while the trainer trains
+ASYNC = [
+    pytest.param("clip:4", "checkpoint-3", marks=pytest.mark.slow, id="k2-trainer-mid-step-rounds-queued"),
+    pytest.param("push:5", "checkpoint-3", marks=pytest.mark.slow, id="k2-trainer-during-weight-push-5"),
+    pytest.param("worker_gen:3", "checkpoint-3", marks=pytest.mark.slow, id="k2-worker-mid-round-3"),
+    pytest.param("worker_push:7", "checkpoint-6", marks=pytest.mark.slow, id="k2-worker-during-weight-push-7"),
+]
+CASES = [pytest.param(0, *p.values, marks=p.marks, id=p.id) for p in SYNC] + \
+        [pytest.param(2, *p.values, marks=p.marks, id=p.id) for p in ASYNC]
 
 
-@pytest.mark.parametrize(("kill", "resumes_from"), CASES)
-def test_sigkill_then_resume_trains_every_prompt_exactly_once(kill, resumes_from, tiny_model_dir, data, reference,
+@pytest.mark.parametrize(("k", "kill", "resumes_from"), CASES)
+def test_sigkill_then_resume_trains_every_prompt_exactly_once(k, kill, resumes_from, tiny_model_dir, data, reference,
                                                               tmp_path):
     from grouprl.train.checkpoint import latest_checkpoint
 
-    out = tmp_path / "killed"
-    killed = subprocess.run(command(tiny_model_dir, data, out), env=environment(kill), capture_output=True, text=True,
-                            timeout=600)
-    assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
+    full_records, full_rounds = reference(k)
+    out, extra = tmp_path / "killed", [f"max_staleness={k}"] if k else []
+    killed = subprocess.run(command(tiny_model_dir, data, out, *extra), env=environment(kill), capture_output=True,
+                            text=True, timeout=600)
+    if kill.startswith("worker_"):  # the worker died: the trainer stops with an error naming it
+        assert killed.returncode == 1 and "rollout worker" in killed.stderr, (killed.returncode, killed.stderr[-3000:])
+    else:
+        assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     left = latest_checkpoint(out)
     assert (left.name if left else None) == resumes_from
     if resumes_from is not None:  # what the kill left is really an interrupted run, not a finished one
         assert not (out / "final").exists() and max(r["step"] for r in train_records(out)) < STEPS
-    resumed = subprocess.run(command(tiny_model_dir, data, out, "--resume"), env=environment(), capture_output=True,
-                             text=True, timeout=600)
+    resumed = subprocess.run(command(tiny_model_dir, data, out, *extra, "--resume"), env=environment(),
+                             capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert not list(out.glob(".tmp-checkpoint-*"))  # a half-written checkpoint was redone and replaced
     records, rounds = train_records(out), check(out)
-    full_records, full_rounds = reference
     same_ordinals(full_rounds, rounds)
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     for a, b in zip(full_records, records):
         for key in COMPARED:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+        if k:  # the regenerated rounds were sampled by the same weight versions
+            assert b["async/policy_version"] == a["async/policy_version"], a["step"]
