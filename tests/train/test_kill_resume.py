@@ -124,8 +124,7 @@ def test_sigkill_then_resume_trains_every_prompt_exactly_once(k, kill, resumes_f
         assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-3000:])
     left = latest_checkpoint(out)
     assert (left.name if left else None) == resumes_from
-    if resumes_from is not None:  # what the kill left is really an interrupted run, not a finished one
-        assert not (out / "final").exists() and max(r["step"] for r in train_records(out)) < STEPS
+    assert not (out / "final").exists()  # what the kill left is an interrupted run, not a finished one
     resumed = subprocess.run(command(tiny_model_dir, data, out, *extra, "--resume"), env=environment(),
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

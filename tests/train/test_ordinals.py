@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from types import SimpleNamespace
 
 import pytest
 from test_round import ROWS, _ctx
@@ -82,7 +84,8 @@ def test_the_frontier_is_the_end_of_the_round_taken_not_of_rounds_drawn_ahead():
     assert stream.position(8) == {"epoch": 0, "pos": 8}
 
 
-def test_a_run_logs_its_ordinals_and_its_checkpoints_the_frontier(tiny_model_dir, train_rows, fast_config, tmp_path):
+def test_a_run_logs_its_ordinals_and_its_checkpoints_the_frontier(tiny_model_dir, train_rows, fast_config, tmp_path,
+                                                                  capsys):
     from grouprl import GRPOTrainer
 
     cfg = fast_config(output_dir=str(tmp_path / "o"), max_steps=4, gradient_accumulation_steps=1, steps_per_generation=2,
@@ -99,3 +102,19 @@ def test_a_run_logs_its_ordinals_and_its_checkpoints_the_frontier(tiny_model_dir
         frontiers[step] = state["frontier"]
         assert state["data"] == {"epoch": 0, "pos": state["frontier"]}  # synchronous: the stream's own position
     assert frontiers == {1: 2, 2: 2, 3: 4, 4: 4}
+    out = capsys.readouterr().out
+    assert re.search(r"wall time: +\d+\.\d s to step 4 ", out) and "async:" not in out  # synchronous: no staleness
+
+
+def test_the_summary_gives_the_staleness_of_an_async_run(tmp_path):
+    from grouprl.train.trainer import async_line
+
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"step": 1, "async/staleness_run_mean": 0.0, "async/staleness_run_max": 0.0, "async/dropped": 0.0},
+               {"step": 2, "async/staleness_run_mean": 0.5, "async/staleness_run_max": 1.0, "async/dropped": 2.0},
+               {"step": 2, "eval/accuracy": 0.5}]
+    metrics.write_text("\n".join(json.dumps(r) for r in records) + "\n{\"step\": 3, \"cut")
+    result = {"metrics_path": str(metrics)}
+    line = async_line(result, SimpleNamespace(max_staleness=2))
+    assert line == "async:        max_staleness 2: staleness mean 0.50, max 1 steps; 2 rounds dropped"
+    assert async_line(result, SimpleNamespace(max_staleness=0)) is None
