@@ -66,9 +66,9 @@ class EngineAndLogFields:
     (over a torch.distributed gloo group); 1 <= N <= max_staleness + 1, so a round the bound admits is
     always reachable."""
     async_timeout_s: float = 300.0
-    """With max_staleness >= 1: the longest the trainer waits for the worker's next round, for the worker
-    to take a weight push, or for it to start; past it the run stops with an error naming the worker and the
-    step (the worker is stopped too). > 0."""
+    """With max_staleness >= 1: the longest the trainer waits for the worker's next round or for the worker
+    to take a weight push (its start gets at least 120 s: a new process imports torch and transformers);
+    past it the run stops with an error naming the worker and the step (the worker is stopped too). > 0."""
 
     # ---- logging and checkpoints ----------------------------------------------------------------
     logging_steps: int = 1

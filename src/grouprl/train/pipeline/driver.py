@@ -19,7 +19,7 @@ from grouprl.errors import ConfigError, GroupRLError
 from grouprl.train.algorithms.rounds import RunContext, Sampled, finish_round
 from grouprl.train.pipeline import worker as worker_mod
 from grouprl.train.pipeline.staleness import StalenessLog, pushes_at
-from grouprl.train.pipeline.weights import Sender, trainable
+from grouprl.train.pipeline.weights import Sender, start_timeout, trainable
 
 _FIX_CRASH = ("Fix: the worker's traceback above names the failing call (a reward function, a tool, the model); "
               "fix it, or set max_staleness: 0 to run the same rounds in the trainer's process and debug there.")
@@ -60,7 +60,7 @@ class AsyncRounds:
         self.proc: Any = None
         self.sender = Sender(self.timeout_s)
         blob = _pickle_spec(worker_mod.WorkerSpec(
-            cfg, _cpu_copy(ctx.model), ctx.tokenizer, ctx.rows, ctx.scorer, ctx.agent, stream, self.first_round,
+            cfg, _cpu_copy(ctx.model), ctx.tokenizer, ctx.rows, ctx.scorer, _agent_for_worker(ctx), stream, self.first_round,
             self.wanted, steps_per_round, start_step, total_steps, self.rank))
         mp = torch.multiprocessing.get_context("spawn")
         self.ctl, self.out = mp.Queue(), mp.Queue(maxsize=cfg.max_staleness // steps_per_round + 1)
@@ -69,11 +69,11 @@ class AsyncRounds:
                                name=f"grouprl-rollout-worker-{self.rank}", daemon=False)
         self.proc.start()
         try:
-            self.sender.wait_connected(self._alive, time.monotonic() + self.timeout_s)
+            self.sender.wait_connected(self._alive, time.monotonic() + start_timeout(self.timeout_s))
         except RolloutWorkerError:
             raise
         except (TimeoutError, RuntimeError) as e:
-            raise self._error(f"did not start within async_timeout_s={self.timeout_s:g} s ({e})", _FIX_HANG) from e
+            raise self._error(f"did not start within {start_timeout(self.timeout_s):g} s ({e})", _FIX_HANG) from e
         self._push(start_step)
 
     @property
@@ -84,7 +84,7 @@ class AsyncRounds:
     # ---- failures ------------------------------------------------------------------------------------
     def _error(self, what: str, fix: str, detail: str = "") -> RolloutWorkerError:
         j, name = self.first_round + self.received, self.name
-        self.close()
+        self.close(ask=False)  # it is dead or stuck: no polite stop
         return RolloutWorkerError(f"the {name} {what}, while the trainer was at optimizer step {self.step} "
                                   f"waiting for round {j}.{chr(10) + detail.rstrip() if detail else ''}\n{fix}")
 
@@ -111,7 +111,7 @@ class AsyncRounds:
             except queue.Empty:
                 self._alive()
                 if time.monotonic() > deadline:
-                    raise self._error(f"delivered no round within async_timeout_s={self.timeout_s:g} s", _FIX_HANG)
+                    raise self._error(f"delivered no round within async_timeout_s={self.timeout_s:g} s", _FIX_HANG) from None
                 continue
             if item[0] == "error":
                 raise self._error(f"failed at round {item[1]}", _FIX_CRASH, "Its traceback:\n" + item[2])
@@ -168,12 +168,12 @@ class AsyncRounds:
             raise self._error(f"did not take the weight push of version {version} within async_timeout_s="
                               f"{self.timeout_s:g} s ({e})", _FIX_HANG) from e
 
-    def close(self) -> None:
-        """Stop the worker: asked first, then terminated, then killed (each bounded)."""
+    def close(self, ask: bool = True) -> None:
+        """Stop the worker: asked first (``ask``), then terminated, then killed (each bounded)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        if proc.is_alive():
+        if ask and proc.is_alive():
             try:
                 self.ctl.put(("stop",))
             except (ValueError, OSError):
@@ -195,6 +195,18 @@ def _cpu_copy(model: Any) -> Any:
     if next(model.parameters()).device.type == "cpu":
         return model
     return copy.deepcopy(model).to("cpu")
+
+
+def _agent_for_worker(ctx: RunContext) -> Any:
+    """The agent itself when it pickles, else ``worker.FROM_CONFIG``: the worker builds it from the config,
+    which names every tool and environment by import path (``train.agent.build_agent`` writes them back)."""
+    if ctx.agent is None:
+        return None
+    try:
+        pickle.dumps(ctx.agent)
+        return ctx.agent
+    except Exception:
+        return worker_mod.FROM_CONFIG
 
 
 def _pickle_spec(spec: Any) -> bytes:

@@ -5,8 +5,8 @@ The trainer hosts a ``TCPStore`` on a free local port; trainer (rank 0) and work
 training ranks' own group, so the worker is never part of a gradient collective). A push is one
 ``broadcast`` of the trainable parameters flattened into a single fp32 buffer, started asynchronously:
 the trainer copies its weights into the buffer and goes on training while the worker takes the buffer
-when it is between rounds. Every wait is bounded: the group's timeout (``async_timeout_s``) ends a
-broadcast the other side never joins, and the trainer waits for the previous push with that deadline
+when it is between rounds. Every wait is bounded: the worker's start by ``max(async_timeout_s, 120 s)``,
+each broadcast by ``async_timeout_s`` (a broadcast the other side never joins ends with an error), and the trainer waits for the previous push with that deadline
 before it starts the next (prime-rl PR #3050: an unbounded broadcast hung its launcher forever).
 """
 
@@ -20,6 +20,14 @@ from typing import Any
 import torch
 
 HOST = "127.0.0.1"
+START_S = 120.0
+"""The least time the worker gets to start (a spawned Python importing torch and transformers, unpickling the
+model) and join the group: on a loaded 2-core machine that alone can take tens of seconds."""
+
+
+def start_timeout(timeout_s: float) -> float:
+    """The bound on the worker's start: ``async_timeout_s``, but never under :data:`START_S`."""
+    return max(float(timeout_s), START_S)
 
 
 def trainable(model: Any) -> list[torch.Tensor]:
@@ -71,7 +79,7 @@ class Sender:
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.store = host_store(timeout_s)
+        self.store = host_store(start_timeout(timeout_s))
         self.port = self.store.port
         self.pg: Any = None
         self.error: BaseException | None = None
@@ -82,7 +90,7 @@ class Sender:
 
     def _connect(self) -> None:
         try:
-            self.pg = group(self.store, 0, self.timeout_s)
+            self.pg = group(self.store, 0, start_timeout(self.timeout_s))
         except BaseException as e:  # reported by wait_connected
             self.error = e
 
@@ -119,7 +127,7 @@ class Receiver:
 
     def __init__(self, port: int, numel: int, timeout_s: float) -> None:
         self.timeout_s, self.numel = timeout_s, numel
-        self.pg = group(client_store(port, timeout_s), 1, timeout_s)
+        self.pg = group(client_store(port, start_timeout(timeout_s)), 1, start_timeout(timeout_s))
 
     def receive(self) -> torch.Tensor:
         buf = torch.empty(self.numel, dtype=torch.float32)

@@ -37,6 +37,7 @@ from grouprl.train.metrics import Timers
 from grouprl.train.pipeline.staleness import round_seed, target_version
 from grouprl.train.pipeline.weights import Receiver, load_flat, trainable
 
+FROM_CONFIG = "agent: build it from the config"  # the agent did not pickle: cfg.tools / cfg.environment name it
 POLL_S = 0.5  # how often a waiting worker looks at its parent and its control queue
 _CLEARED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                 "ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
@@ -107,6 +108,10 @@ class Worker:
         from grouprl.train.engine.precision import resolve_rollout_dtype
 
         cfg, model = spec.cfg, spec.model
+        if isinstance(spec.agent, str) and spec.agent == FROM_CONFIG:
+            from grouprl.train.agent import build_agent
+
+            spec.agent = build_agent(cfg)
         self.spec, self.ctl, self.out, self.cfg = spec, ctl, out, cfg
         self.params = trainable(model)
         self.receiver = Receiver(port, sum(p.numel() for p in self.params), cfg.async_timeout_s)
