@@ -166,47 +166,7 @@ def test_a_save_killed_midway_leaves_no_checkpoint_and_resume_takes_the_previous
     assert ckpt.resolve_resume(True, tmp_path) == tmp_path / "checkpoint-2"
 
 
-@pytest.mark.slow
-def test_cli_run_killed_with_sigkill_resumes_to_the_same_metrics(tiny_model_dir, tmp_path):
-    """The real thing: `grouprl train` in a subprocess, SIGKILL after a checkpoint, `--resume`."""
-    import json
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
-
-    data = tmp_path / "train.jsonl"
-    data.write_text("\n".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) for i in range(8)))
-    recipe = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
-    code = "import sys; from grouprl.cli import main; sys.exit(main(sys.argv[1:]))"
-
-    def cmd(out, *extra):
-        return [sys.executable, "-c", code, "train", "-c", str(recipe), f"model={tiny_model_dir}", f"dataset={data}",
-                f"output_dir={out}", "eval_split=null", "max_steps=8", "max_new_tokens=24", "save_steps=3",
-                "num_iterations=2", "kl_coef=0.05", "learning_rate=1e-2", "reward_funcs=[train_helpers:alpha_fraction]",
-                "log_completions_steps=1", *extra]
-
-    # the helpers' folder first, then the caller's PYTHONPATH (so the tree under test is the one that runs)
-    path = os.pathsep.join(p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
-    subprocess.run(cmd(tmp_path / "full"), check=True, env=env, capture_output=True)
-    proc = subprocess.Popen(cmd(tmp_path / "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:  # kill once step 4 is logged (checkpoint-3 exists)
-        if (tmp_path / "killed" / "checkpoint-3").is_dir() and metrics.is_file() and '"step": 4' in metrics.read_text():
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "the run ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    subprocess.run(cmd(tmp_path / "killed", "--resume"), check=True, env=env, capture_output=True)
-    full, resumed = train_records(tmp_path / "full"), train_records(tmp_path / "killed")
-    assert [r["step"] for r in resumed] == list(range(1, 9))  # the killed run's step 4+ records were dropped
-    _assert_same(full, resumed, range(4, 9))
-    assert full[7]["kl"] > 0 and full[7]["reward"] != full[0]["reward"]  # the policy really moved
+# SIGKILL of a real `grouprl train` process at ten points of the loop, then `--resume`: test_kill_resume.py
 
 
 def test_to_device_moves_every_tensor_of_a_saved_round():

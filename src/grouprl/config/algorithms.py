@@ -44,13 +44,15 @@ class Supports:
     """Runs under DeepSpeed ZeRO-2/3 (its optimizer steps go through the engine)."""
     lean_bf16_rollout: bool = True
     """Its single-turn rollouts may sample from the lean sampler's bf16 copy (``rollout_dtype``)."""
+    async_rollouts: bool = False
+    """Runs a rollout worker that generates while it trains (``max_staleness`` >= 1, grouprl.train.pipeline)."""
     own_fields: tuple[str, ...] = ()
     """Config fields only this loop reads: setting one for another algorithm is an error."""
     fields_reason: str = ""
     """Why the own fields need this loop (completes "only algorithm: <name> ...")."""
 
 
-_GROUP = {name: Supports(loop="grpo", preset=name) for name in ("grpo", "gspo", "dr_grpo", "dapo", "rloo")}
+_GROUP = {name: Supports(loop="grpo", preset=name, async_rollouts=True) for name in ("grpo", "gspo", "dr_grpo", "dapo", "rloo")}
 SUPPORTS: dict[str, Supports] = {
     **_GROUP,  # GRPO-family: one loop, presets of losses and estimators (grouprl.train.algorithms.grpo)
     "ppo": Supports(loop="ppo", preset="ppo", groups=False, critic=True, max_processes=1, lean_bf16_rollout=False,

@@ -53,6 +53,23 @@ class EngineAndLogFields:
     becomes none, and the trainer's old-log-prob forward is skipped). Sequence ratios tolerate per-token precision noise (arXiv 2507.18071, on RL infrastructure), but
     the clip range then spends part of its width on the mismatch: see docs/VLLM.md."""
 
+    # ---- asynchronous training (docs/ALGORITHMS.md, "Asynchronous GRPO"; grouprl.train.pipeline) -------
+    max_staleness: int = 0
+    """``k``: how many optimizer steps older than the trainer's weights a round's samples may be. 0 = the
+    synchronous loop (generate, then train, in one process). k >= 1: a rollout worker process with its own
+    copy of the weights generates and scores the next rounds while the trainer trains; a round produced by
+    the weights of optimizer step v is trained no later than step v + k (else dropped and counted as
+    async/dropped). The loss corrects for the lag with the worker's own log-probs (rollout_correction; TRL
+    ``max_staleness``, AReaL ``max_head_offpolicyness``, arXiv 2505.24298)."""
+    weight_sync_steps: int = 1
+    """With max_staleness >= 1: push the trainer's weights to the rollout worker every N optimizer steps
+    (over a torch.distributed gloo group); 1 <= N <= max_staleness + 1, so a round the bound admits is
+    always reachable."""
+    async_timeout_s: float = 300.0
+    """With max_staleness >= 1: the longest the trainer waits for the worker's next round or for the worker
+    to take a weight push (its start gets at least 120 s: a new process imports torch and transformers);
+    past it the run stops with an error naming the worker and the step (the worker is stopped too). > 0."""
+
     # ---- logging and checkpoints ----------------------------------------------------------------
     logging_steps: int = 1
     """Log metrics every N optimizer steps."""

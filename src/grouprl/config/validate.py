@@ -207,6 +207,7 @@ def check_consistency(cfg: Any) -> None:
         raise ConfigError(f"eval_num_samples={cfg.eval_num_samples} with eval_temperature=0 gives identical "
                           f"greedy samples. Fix: set eval_temperature > 0 (e.g. 0.7) for pass@k.")
     check_rollout_engine(cfg)
+    check_async(cfg)
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.reward_funcs):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} entries but reward_funcs has "
                           f"{len(cfg.reward_funcs)}: give one weight per reward function.")
@@ -254,6 +255,29 @@ def check_critic(cfg: Any) -> None:
                           "critic is not implemented. Fix: use_peft: false (or use a group algorithm with LoRA).")
 
 
+def check_async(cfg: Any) -> None:
+    """The asynchronous-pipeline fields (grouprl.train.pipeline): ranges, and a loop that runs it."""
+    _non_negative_int(cfg, "max_staleness", "0 = synchronous: generate, then train")
+    _positive_ints(cfg, "weight_sync_steps")
+    _range(cfg, "async_timeout_s", 0.0, None, open_low=True, fix="300 is the default; the bound on any wait "
+           "for the rollout worker")
+    if cfg.max_staleness == 0:
+        return
+    if not supports_of(cfg.algorithm).async_rollouts:
+        raise ConfigError(f"max_staleness={cfg.max_staleness} with algorithm={cfg.algorithm!r}: only the "
+                          f"GRPO-family loop runs a rollout worker. Fix: max_staleness: 0, or a GRPO-family "
+                          f"algorithm ({', '.join(n for n, s in SUPPORTS.items() if s.async_rollouts)}).")
+    if cfg.weight_sync_steps > cfg.max_staleness + 1:
+        raise ConfigError(f"weight_sync_steps={cfg.weight_sync_steps} with max_staleness={cfg.max_staleness}: the "
+                          f"worker would need weights newer than the last push to produce a round the bound "
+                          f"admits (the run would stall). Fix: weight_sync_steps <= {cfg.max_staleness + 1}, "
+                          f"or max_staleness >= {cfg.weight_sync_steps - 1}.")
+    if cfg.rollout_backend == "vllm":
+        raise ConfigError(f"max_staleness={cfg.max_staleness} with rollout_backend='vllm': the rollout worker is a "
+                          f"CPU process over the transformers backend or an Engine plug-in. Fix: max_staleness: 0 "
+                          f"with vllm, or rollout_backend: transformers.")
+
+
 def check_rollout_engine(cfg: Any) -> None:
     """Mismatch-correction settings that only make sense with an engine that reports its own log-probs."""
     low = getattr(cfg, "rollout_dtype", "auto") == "bfloat16"
@@ -268,7 +292,8 @@ def check_rollout_engine(cfg: Any) -> None:
     # rollout_dtype auto it may sample from a bf16 copy (a bf16 CPU: train/engine/precision.py, resolved at start-up;
     # round.py refuses tis / mask then if the sampler turns out to be the trainer's own weights)
     maybe_low = getattr(cfg, "rollout_dtype", "auto") == "auto" and bool(getattr(cfg, "bf16", False))
-    own = cfg.rollout_backend == "transformers" and not low
+    # the rollout worker (max_staleness >= 1) samples with its own, older copy and reports its log-probs
+    own = cfg.rollout_backend == "transformers" and not low and not getattr(cfg, "max_staleness", 0)
     if own and not maybe_low and cfg.rollout_correction in ("tis", "mask"):
         raise ConfigError(f"rollout_correction={cfg.rollout_correction!r} with rollout_backend='transformers': "
                           f"that backend samples with the trainer's own weights, so there is no mismatch to "

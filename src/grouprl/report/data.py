@@ -39,6 +39,12 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("agent", "Agent: turns, tool calls, failures", ["turns/*", "tools/*", "end_reason/*"]),
     ("advantage", "Advantages", ["advantage/*"]),
     ("loss", "Loss", ["loss/*"]),
+    # asynchronous runs (max_staleness >= 1, grouprl.train.pipeline); absent from synchronous runs
+    ("staleness", "Asynchronous: staleness of the trained rounds (optimizer steps) and rounds dropped",
+     ["async/staleness_*", "async/dropped"]),
+    ("async_wait", "Asynchronous: trainer and worker waits, the worker's phase times (s)", ["async/*_s"]),
+    ("mismatch", "Behaviour vs trainer log-probs: gap and importance weights", ["mismatch/*"]),
+    ("async", "Asynchronous: the policy version that sampled each trained round", ["async/*"]),
 ]
 SECONDARY = {"completions/truncated_frac", "completions/clipped_frac"}
 

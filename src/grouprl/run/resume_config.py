@@ -55,6 +55,7 @@ SAFE: dict[str, str] = {
                     "where and how the vLLM engine runs: the same sampling distribution"),
     "max_consecutive_skips": "a safety stop",
     "max_rounds_without_reward": "a safety stop",
+    "async_timeout_s": "a safety stop: the bound on a wait for the rollout worker",
 }
 _DATA, _BATCH, _OBJ = "other data: another run", "batch arithmetic: round size, data position, saved round", \
     "the objective being optimised"

@@ -20,6 +20,10 @@ What the logged numbers mean (one record per optimizer step):
   was not finite (no update was applied; ``max_consecutive_skips`` in a row stop the run).
 - ``dynamic/kept_groups``, ``dynamic/extra_rounds``, ``dynamic/frac_zero_std_kept``: dynamic sampling
   (DAPO, arXiv:2503.14476, Sec. 3.2).
+- ``data/ordinal_min``, ``data/ordinal_max``: the prompt ordinals (``data/stream.py``: the n-th prompt of the
+  run's stream, from 0, over every process) the round of this step drew, dynamic-sampling redraws included;
+  the rounds of a run tile 0, 1, 2, ... without a gap or an overlap (resumes included). Each samples.jsonl
+  record carries its prompt's ``ordinal``.
 - agent runs (tools or an environment, docs/AGENTS.md): ``tools/calls_per_traj``, ``tools/failure_frac``
   (failed / all calls), ``turns/mean``, ``end_reason/<reason>`` fractions, ``tokens/model`` / ``tokens/tool``
   per rollout, ``rewards/<EnvClass>/mean|std`` (the environment's ``get_reward``, named after its class as

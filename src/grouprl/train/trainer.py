@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
+import json
 import shlex
+import time
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -176,12 +178,14 @@ class GRPOTrainer:
 
         with run_lock(cfg.output_dir) if ranks.is_main else nullcontext():  # one run per output_dir
             resume = ranks.on_main(prepare)
+            started = time.perf_counter()
             self.result = algorithm_for(cfg).train(cfg, self.model, self.tokenizer, self.train_dataset, self.eval_dataset,
                                 self.reward_funcs, self.eval_reward_func, resume=resume, agent=self.agent)
             full = ranks.sharding.full_state_dict(self.model)  # FSDP: the full weights gathered on rank 0; else None
             final = ranks.on_main(save_final_atomic, self.model, self.tokenizer, cfg.output_dir,
                                   self.result["global_step"], **({} if full is None else {"state_dict": full}))
         self.result["final_model"] = str(final)
+        self.result["wall_s"] = time.perf_counter() - started  # the loop and the final save, not the model load
         if not ranks.is_main:
             return self.result
         self.result["report"] = str(reporting.refresh(cfg.output_dir, cfg.review_window) or "")
@@ -259,6 +263,12 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
     if curve:
         lines.append(f"train reward: first {curve['first']:.3f}, last {curve['last']:.3f}, max {curve['max']:.3f}; "
                      f"mean of first fifth {curve['first_fifth_mean']:.3f} -> last fifth {curve['last_fifth_mean']:.3f}")
+    if isinstance(result.get("wall_s"), float):
+        lines.append(f"wall time:    {result['wall_s']:.1f} s to step {result['global_step']} (this process: generation, "
+                     f"updates, evaluations, checkpoints; model loading excluded)")
+    staleness = async_line(result, cfg)
+    if staleness:
+        lines.append(staleness)
     lines.append(f"final model:  {result.get('final_model')}")
     if result.get("last_checkpoint"):
         lines.append(f"checkpoint:   {result['last_checkpoint']}")
@@ -283,6 +293,26 @@ def print_summary(result: dict[str, Any], cfg: GRPOConfig) -> None:
     else:
         lines.append(f"re-evaluate:  {command}")
     console.print("\n".join(lines), highlight=False, soft_wrap=True)
+
+
+def async_line(result: dict, cfg: GRPOConfig) -> str | None:
+    """With ``max_staleness`` >= 1: the staleness of the rounds trained and the rounds dropped, from the last
+    step's running ``async/*`` figures in metrics.jsonl."""
+    if not getattr(cfg, "max_staleness", 0) or not result.get("metrics_path"):
+        return None
+    path, last = Path(result["metrics_path"]), None
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "async/staleness_run_mean" in record:
+                last = record
+    if last is None:
+        return None
+    return (f"async:        max_staleness {cfg.max_staleness}: staleness mean {last['async/staleness_run_mean']:.2f}, "
+            f"max {last['async/staleness_run_max']:.0f} steps; {last.get('async/dropped') or 0:.0f} rounds dropped")
 
 
 def tool_use_line(before: dict, after: dict) -> str | None:

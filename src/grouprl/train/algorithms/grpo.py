@@ -23,7 +23,7 @@ after every optimizer step.
 from __future__ import annotations
 
 import math
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -58,6 +58,7 @@ from grouprl.train.engine.precision import resolve_rollout_dtype
 from grouprl.train.engine.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
 from grouprl.train.metrics import Timers, report_step
 from grouprl.train.parallel import ranks as dist
+from grouprl.train.pipeline import open_pipeline
 from grouprl.train.score import RewardScorer
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
@@ -96,14 +97,22 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     save = partial(save_state, ctx, ranks, stream, optimizer, scheduler, run, guard, steps_per_round)
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop
     # leaving: every rank stops with an error at its next collective (train/parallel/ranks.py), handlers back, logs closed
-    with stop, closing(logger), ranks.failures():
+    with stop, closing(logger), ranks.failures(), ExitStack() as stack:
+        # max_staleness >= 1: a rollout worker samples the next rounds while this process trains (train/pipeline)
+        pipe = stack.enter_context(closing(open_pipeline(ctx, ranks, stream, run.step, steps_per_round, total_steps))
+                                   ) if cfg.max_staleness else None
         if path is None and cfg.eval_before_train:
             run_eval("before", run.step)
         timers = Timers()
         while run.step < total_steps:
             if run.rnd is None or run.round_step >= steps_per_round:  # a new generation round
-                new_round(ctx, ranks, stream, timers, watch, run)
+                if pipe is None:
+                    new_round(ctx, ranks, stream, timers, watch, run)
+                else:
+                    pipe.new_round(ranks, stream, timers, watch, run)
             update = take_step(ctx, spec, optimizer, scheduler, timers, run, steps_per_round)
+            if pipe is not None:
+                pipe.after_step(run.step)  # every weight_sync_steps: the new weights to the worker
             guard.check(update, run.step)  # a non-finite step was skipped: count it; too many in a row: stop
             metrics = {**run.rnd.metrics, **update, **timers.pop(), "epoch": stream.epoch}
             report_step(cfg, logger, run.step, total_steps, metrics, run.rnd.samples, run.history)
@@ -166,10 +175,13 @@ def take_step(ctx: RunContext, spec: LossSpec, optimizer: Any, scheduler: Any, t
 
 def save_state(ctx: RunContext, ranks: Any, stream: Any, optimizer: Any, scheduler: Any, run: Progress,
                guard: SkipGuard, steps_per_round: int) -> Any:
-    """Checkpoint ``run.step``: weights, optimizer, schedule, data position, the unfinished round, every
-    rank's RNG; the run report refreshed to cover it. Returns the checkpoint's path (rank 0) or None."""
+    """Checkpoint ``run.step``: weights, optimizer, schedule, data position, the training frontier, the
+    unfinished round, every rank's RNG; the run report refreshed to cover it. Returns the checkpoint's path
+    (rank 0) or None."""
     cfg, model = ctx.cfg, ctx.model
-    state = {"data": stream.state(), "round": run.rnd if run.round_step < steps_per_round else None,
+    frontier = training_frontier(run, stream)
+    data = stream.state() if frontier == stream.drawn else stream.position(frontier)  # rounds drawn ahead: redrawn
+    state = {"data": data, "frontier": frontier, "round": run.rnd if run.round_step < steps_per_round else None,
              "round_step": run.round_step, "history": run.history, "evals": run.evals, "skipped_steps": guard.total,
              "log_bytes": ckpt.log_sizes(cfg.output_dir), "config": config_record(cfg)}
     per_rank = ranks.rank_states({"rng": ckpt.rng_state(), "round": state["round"]})
@@ -182,6 +194,17 @@ def save_state(ctx: RunContext, ranks: Any, stream: Any, optimizer: Any, schedul
                                 total_limit=cfg.save_total_limit, sharded=sharded)
     reporting.refresh(cfg.output_dir, cfg.review_window)  # the run report covers what the checkpoint does
     return path
+
+
+def training_frontier(run: Progress, stream: Any) -> int:
+    """The prompt ordinals training has consumed (``data/stream.py``): ``0 .. frontier - 1`` are those of every
+    round taken for training -- finished, or unfinished and saved with the checkpoint -- and of the groups
+    dynamic sampling filtered out of them. A round generated ahead but not yet taken is not consumed: a
+    resume draws it again from the frontier (OpenRLHF #1322, NeMo-RL #3599: prompts skipped when a
+    checkpoint saved the cursor past generated-but-untrained rollouts). Synchronously it is the stream's count."""
+    if run.rnd is not None and run.rnd.frontier is not None:
+        return run.rnd.frontier
+    return stream.drawn
 
 
 def join_ranks(cfg: GRPOConfig, model: Any) -> Any:

@@ -70,6 +70,8 @@ class Round:
     micro_batches: list[MicroBatch]
     metrics: dict[str, float]
     samples: list[dict] = field(default_factory=list)
+    ordinals: list[int] | None = None  # [N] the prompt ordinal (data/stream.py) of each row, in micro-batch order
+    frontier: int | None = None  # prompts drawn up to and including this round's (its dynamic-sampling redraws)
 
 
 @dataclass
@@ -82,6 +84,23 @@ class Scored:
     prompts: list[Any]
     columns: dict[str, list]
     trajectories: list | None = None  # agent runs: one Trajectory per row
+    ordinals: list[int] = field(default_factory=list)  # [B]: each prompt's place in the prompt stream
+
+
+@dataclass
+class Sampled:
+    """The generate-and-score half of one round (:func:`sample_round`): the sampled parts (the first draw,
+    then dynamic sampling's redraws; ``None`` = a part this rank did not generate), the (part, group) pairs
+    kept, the extra draws, what the rewards logged, and ``version``: the optimizer step of the weights that
+    sampled it (``None``: the trainer's own, now), and the ordinals it drew."""
+
+    parts: list[Scored | None]
+    keep: list[tuple[int, int]]
+    extra_rounds: int
+    logged: dict[str, float]
+    version: int | None = None
+    first_ordinal: int = 0  # the global ordinal of the round's first prompt (data/stream.py)
+    frontier: int = 0  # prompts drawn up to and including this round's (its redraws): its last ordinal + 1
 
 
 @dataclass
@@ -92,6 +111,7 @@ class RoundBatch:
     adv: torch.Tensor  # [N], or [N, T] per token for a turn-level estimator (train/turn_credit.py)
     rewards: torch.Tensor | None = None  # [B,G] total, NaN = no opinion
     components: list[list[float]] = field(default_factory=list)  # [N][F]
+    ordinals: list[int] = field(default_factory=list)  # [N] each row's prompt ordinal
 
 
 def sampling_params(cfg: GRPOConfig) -> SamplingParams:
@@ -178,9 +198,26 @@ def zero_std_groups(rewards: torch.Tensor, advantage_hparams: dict | None = None
 
 def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Round:
     """Rollout, score, (dynamic sampling), advantages, and the fixed log-probs the updates need."""
+    return finish_round(ctx, sample_round(ctx, stream, timers), timers)
+
+
+def sample_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Sampled:
+    """The generate-and-score half of a round (what the rollout worker of ``grouprl.train.pipeline`` runs):
+    the next prompts, their completions and rewards, and the groups dynamic sampling keeps."""
+    start = stream.drawn  # the ordinal of the round's first prompt (global over ranks)
     first = sample_and_score(ctx, stream.next(), timers)
+    first.ordinals = list(stream.last_ordinals)
     logged_by_rewards = dict(ctx.scorer.last_metrics)  # what the rewards logged with log_metric (judge/agreement)
     parts, keep, extra_rounds = select_groups(ctx, stream, timers, first)
+    return Sampled(parts, keep, extra_rounds, logged_by_rewards, first_ordinal=start, frontier=stream.drawn)
+
+
+def finish_round(ctx: RunContext, sampled: Sampled, timers: Timers) -> Round:
+    """The training half: advantages (over every rank), metrics, micro-batches with their fixed log-probs."""
+    parts, keep, extra_rounds, logged_by_rewards = sampled.parts, sampled.keep, sampled.extra_rounds, sampled.logged
+    first = parts[0]
+    if sum(dist.current().all_gather(len(keep))) == 0:  # 'drop' removed every group of every rank: keep the
+        keep = [(0, b) for b in range(first.rewards.shape[0])]  # batch (its advantages are all 0), as one process does
     batch = assemble(ctx, parts, keep)
     empty = len(batch.adv) == 0  # this rank kept no group: its advantage statistics are NaN (ignored over ranks)
     row_adv = turn_credit.row_advantages(batch.adv, batch.rollout.loss_mask)  # [N]: per token -> first turn's
@@ -197,11 +234,16 @@ def generate_round(ctx: RunContext, stream: PromptStream, timers: Timers) -> Rou
     kept = sum(dist.current().all_gather(len(keep)))  # the global count (the same on every rank)
     zero_kept = zero_std_groups(batch.rewards, ctx.cfg.advantage_kwargs).float()
     metrics.update({"dynamic/kept_groups": float(kept), "dynamic/extra_rounds": float(extra_rounds),
-                    "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan")})
+                    "dynamic/frac_zero_std_kept": float(zero_kept.mean()) if len(zero_kept) else float("nan"),
+                    # the global ordinals this round drew (redraws included): consecutive rounds tile 0, 1, 2, ...
+                    "data/ordinal_min": sampled.first_ordinal, "data/ordinal_max": sampled.frontier - 1})
     mbs = micro_batches(ctx, batch, timers)
     samples = round_samples(ctx.scorer.names, batch.rollout, batch.rewards, batch.components, row_adv,
                             ctx.cfg.num_completions_to_log, ctx.tokenizer)
-    return Round(mbs, metrics, samples)
+    version = ctx.step if sampled.version is None else sampled.version
+    for i, row in enumerate(samples):  # which prompt, sampled by which weights (docs/ALGORITHMS.md, async)
+        row.update(ordinal=batch.ordinals[i] if batch.ordinals else None, policy_version=version)
+    return Round(mbs, metrics, samples, ordinals=batch.ordinals, frontier=sampled.frontier)
 
 
 def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
@@ -225,16 +267,15 @@ def select_groups(ctx: RunContext, stream: PromptStream, timers: Timers,
         rounds += 1
         idx = stream.next()
         extra = sample_and_score(ctx, idx, timers) if len(keep) < B or joins else None
+        if extra is not None:
+            extra.ordinals = list(stream.last_ordinals)
         parts.append(extra)
         if extra is not None:
             zero = zero_std_groups(extra.rewards, cfg.advantage_kwargs)
             keep += [(len(parts) - 1, b) for b in range(B) if not zero[b]]
     if cfg.dynamic_sampling == "resample" and len(keep) < B:  # still short: fill with uninformative groups
         keep += [(p, b) for p, s in enumerate(parts) if s is not None for b in range(B) if (p, b) not in keep][:B - len(keep)]
-    keep = keep[:B]
-    if sum(ranks.all_gather(len(keep))) == 0:  # 'drop' removed every group of every rank: keep the batch
-        keep = [(0, b) for b in range(B)]  # (its advantages are all 0 anyway), as one process does
-    return parts, keep, rounds
+    return parts, keep[:B], rounds
 
 
 def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) -> RoundBatch:
@@ -253,7 +294,7 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
     if not keep:  # this rank keeps no group (drop): it trains on nothing this round
         first = parts[0]
         return RoundBatch(first.rollout.select([]), torch.zeros(0), first.rewards[:0], [])
-    rollouts, rewards, components, advs = [], [], [], []
+    rollouts, rewards, components, advs, ordinals = [], [], [], [], []
     for p, b in keep:
         s = parts[p]
         rows = list(range(b * G, (b + 1) * G))
@@ -261,12 +302,13 @@ def assemble(ctx: RunContext, parts: list[Scored], keep: list[tuple[int, int]]) 
         rewards.append(s.rewards[b])
         components.extend(s.components[r] for r in rows)
         advs.append(part_adv[p][b])
+        ordinals.extend([s.ordinals[b]] * G if s.ordinals else [])
     adv = torch.stack(advs).reshape(-1, 2) if per_turn else torch.stack(advs).reshape(-1)
     rollout = concat_rollouts(rollouts, ctx.tokenizer.pad_token_id)
     if per_turn:  # one advantage per token: the first model turn's, then the later turns'
         adv = turn_credit.token_advantages(rollout.loss_mask, adv)
     adv = adv.float()
-    return RoundBatch(rollout, adv, torch.stack(rewards), components)
+    return RoundBatch(rollout, adv, torch.stack(rewards), components, ordinals)
 
 
 def micro_batches(ctx: RunContext, batch: RoundBatch, timers: Timers) -> list[MicroBatch]:

@@ -2,7 +2,8 @@
 
 Layout of ``<output_dir>/checkpoint-<step>/``:
   model files (``save_pretrained``: loads in transformers / vLLM unchanged; an adapter for LoRA runs),
-  tokenizer files, ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, step, and the
+  tokenizer files, ``trainer_state.pt`` (optimizer, scheduler, RNG states, data position, step, the training
+  frontier -- the prompt ordinals ``0 .. frontier - 1`` training has consumed, ``data/stream.py`` -- and the
   unfinished generation round, if any) and ``trainer_state.json`` (the human-readable part).
 A run sharded with FSDP (``grouprl.train.parallel.fsdp``) writes instead of the model files and the optimizer
 state ``distcp/`` (torch.distributed.checkpoint: every rank's shards of the model and the optimizer,
@@ -103,7 +104,7 @@ def _write_checkpoint(tmp: Path, step: int, model: Any, tokenizer: Any, optimize
     optim = {} if sharded else {"optimizer": optimizer.state_dict()}
     torch.save({**optim, "scheduler": scheduler.state_dict(), "rng": rng_state(), "step": step, **state},
                tmp / "trainer_state.pt")
-    summary = {"step": step, "data": state.get("data"), "history": state.get("history", []),
+    summary = {"step": step, "data": state.get("data"), "frontier": state.get("frontier"), "history": state.get("history", []),
                "log_bytes": state.get("log_bytes"), "config": state.get("config")}
     (tmp / "trainer_state.json").write_text(json.dumps(summary, indent=1, default=str))
     fsync_tree(tmp)

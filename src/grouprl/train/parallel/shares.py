@@ -18,6 +18,23 @@ class RankStream:
         return idx[self.rank * share:(self.rank + 1) * share]
 
     @property
+    def last_ordinals(self) -> list[int]:
+        """The global ordinals of this rank's share of the last batch (``data/stream.py``)."""
+        ords = self.stream.last_ordinals
+        share = len(ords) // self.world
+        return ords[self.rank * share:(self.rank + 1) * share]
+
+    @property
+    def drawn(self) -> int:
+        return self.stream.drawn
+
+    def position(self, ordinal: int) -> dict[str, int]:
+        return self.stream.position(ordinal)
+
+    def seek(self, ordinal: int) -> None:
+        self.stream.seek(ordinal)
+
+    @property
     def epoch(self) -> int:
         return self.stream.epoch
 
