@@ -68,7 +68,9 @@ def run_one(recipe: str, algorithm: str, eval_steps: int, out_dir: Path, overrid
     }
 
 
-def plot(runs: list[dict], path: Path, title: str) -> None:
+def plot(runs: list[dict], path: Path, title: str, ylabel: str = "held-out accuracy (%)") -> None:
+    """Each run's ``curve`` (``step``, ``train_seconds``, ``accuracy`` in 0..1) against steps and seconds, labelled by
+    its ``algorithm``; also used by benchmarks/env_recipes.py (seeds as the labels)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,7 +85,7 @@ def plot(runs: list[dict], path: Path, title: str) -> None:
         ax2.plot(secs, acc, marker="o", label=run["algorithm"])
     ax1.set_xlabel("optimizer step")
     ax2.set_xlabel("training seconds (CPU)")
-    ax1.set_ylabel("held-out accuracy (%)")
+    ax1.set_ylabel(ylabel)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend()

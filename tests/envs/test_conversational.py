@@ -60,11 +60,12 @@ def test_guess_number_rollout_is_token_exact_and_masked(tok):
     (traj,) = runner.run(rows, 1)
     # bisection on 1..8 for 7: 4 (higher), 6 (higher), 7 -> solved in 3 guesses
     assert traj.end_reason == "env_done" and traj.num_turns == 3
-    assert [m["content"] for m in traj.messages if m["role"] == "user"][1:] == ["higher", "higher"]
-    assert traj.env_reward == pytest.approx(0.8) and traj.env_state == {"guesses": 3, "secret": 7, "solved": True}
+    assert [m["content"] for m in traj.messages if m["role"] == "user"][1:] == ["higher: 5 to 8", "higher: 7 to 8"]
+    assert traj.env_reward == pytest.approx(0.8)
+    assert traj.env_state == {"guesses": 3, "secret": 7, "solved": True, "lo": 7, "hi": 8}
     # the ids: each model turn (mask 1) then the template's user turn (mask 0), exactly as the template renders
     expected_ids, expected_mask, history = [], [], [{"role": "user", "content": rows[0]["prompt"]}]
-    for guess, reply in [("4", "higher"), ("6", "higher"), ("7", None)]:
+    for guess, reply in [("4", "higher: 5 to 8"), ("6", "higher: 7 to 8"), ("7", None)]:
         sampled = tok.encode(guess + E, add_special_tokens=False)
         expected_ids += sampled
         expected_mask += [1] * len(sampled)

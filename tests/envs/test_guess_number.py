@@ -14,9 +14,9 @@ from grouprl.envs.guess_number import PROMPT, GuessNumberEnv, solved
 def test_feedback_and_reward():
     env = GuessNumberEnv()
     assert env.reset(secret=6, prompt=[{"role": "user", "content": "Play."}]) is None  # the row has a prompt
-    assert env.step("I guess 4") == ("higher", None, False)
-    assert env.step("no idea") == ("Reply with one number from 1 to 8.", None, False)  # a guess all the same
-    assert env.step("7, or maybe 8") == ("lower", None, False)  # the last integer counts
+    assert env.step("I guess 4") == ("higher: 5 to 8", None, False)  # the reply and the range left
+    assert env.step("no idea") == ("Reply with one number from 5 to 8.", None, False)  # a guess all the same
+    assert env.step("7, or maybe 8") == ("lower: 5 to 7", None, False)  # the last integer counts
     assert env.step("6") == (None, None, True)
     assert env.solved and env.guesses == 4 and env.get_reward() == pytest.approx(0.7)  # 1 - 0.1 * 3
     env.reset(secret=2)
@@ -25,6 +25,16 @@ def test_feedback_and_reward():
     for _ in range(3):
         assert env.step("1")[2] is False
     assert env.step("1") == (None, None, True) and not env.solved and env.get_reward() == 0.0  # out of guesses
+    assert (env.lo, env.hi) == (2, 8)  # the same wrong guess four times narrows the range once
+
+
+def test_the_range_left_ignores_guesses_outside_it():
+    env = GuessNumberEnv()
+    env.reset(secret=3)
+    assert env.step("5")[0] == "lower: 1 to 4"
+    assert env.step("7")[0] == "lower: 1 to 4"  # 7 is already excluded: nothing new
+    assert env.step("0")[0] == "higher: 1 to 4"  # below the game's range: the range stays
+    assert env.reset(secret=3) is not None and (env.lo, env.hi) == (1, 8)  # a new game starts from 1..8
 
 
 def test_without_a_dataset_reset_writes_the_prompt_and_seeds_the_secret():
@@ -47,9 +57,9 @@ def test_demonstrations_bisect_or_guess_at_random():
         messages, won = game(secret, True, rng)
         guesses = sum(m["role"] == "assistant" for m in messages)
         assert won and guesses <= 4
-    assert game(7, True, rng)[0][1:] == [{"role": "assistant", "content": "4"}, {"role": "user", "content": "higher"},
-                                         {"role": "assistant", "content": "6"}, {"role": "user", "content": "higher"},
-                                         {"role": "assistant", "content": "7"}]
+    assert [m["content"] for m in game(7, True, rng)[0][1:]] == ["4", "higher: 5 to 8", "6", "higher: 7 to 8", "7"]
+    assert [m["content"] for m in game(8, True, rng)[0][1:]] == ["4", "higher: 5 to 8", "6", "higher: 7 to 8", "7",
+                                                                 "higher: 8 to 8", "8"]  # 4 guesses: the longest
     _, rate = demo_examples(SimpleNamespace(seed=0, sft_rows=2000, noise=0.7))
     # 30% bisect (always win) + 70% random with replacement (win 1 - (7/8)^4 = 0.414): 0.3 + 0.7 * 0.414 = 0.59
     assert rate == pytest.approx(0.3 + 0.7 * (1 - (7 / 8) ** 4), abs=0.03)

@@ -1,7 +1,7 @@
 """OpenEnv over HTTP: a real openenv-core server on 127.0.0.1 (uvicorn in a thread), grouprl's client adapter.
 
-openenv-core is not in the ``test`` extra (its gradio dependency pins pillow < 13, which the project's
-constraints do not allow): ``pip install openenv-core`` to run these; they skip without it.
+openenv-core is in the ``test`` extra (its gradio needs pillow < 13: constraints.txt pins pillow 12.3.0), so
+``make test`` runs these; they skip, saying so, only where it is not installed.
 The server admits exactly B x G = 4 sessions, so a run whose rollouts did not close their sessions would
 fail at the second step with "Server at capacity".
 """

@@ -1,10 +1,10 @@
 """Guess-the-number demonstrations for a built-in warm start (``builtin:guess-number``, recipes/guess_number.yaml).
 
 A demonstration is one game of :class:`grouprl.envs.guess_number.GuessNumberEnv` as chat messages: the
-environment's prompt, then assistant guesses answered by ``higher`` / ``lower`` user turns, until the number is
-found or the guesses run out. Two kinds of player: a fraction ``1 - noise`` bisect the remaining range (they
-always win within 4 guesses on 1..8), the others guess uniformly at random from 1..8 whatever the feedback said
-(they win 41% of the time). The SFT learns the assistant turns only (:func:`grouprl.builtin.agent_demos.
+environment's prompt, then assistant guesses answered by ``higher: 5 to 8``-style user turns (the reply and the
+range left), until the number is found or the guesses run out. Two kinds of player: a fraction ``1 - noise``
+bisect the range left (they always win within 4 guesses on 1..8), the others guess uniformly at random from 1..8
+whatever the feedback said (they win 1 - (7/8)^4 = 41% of the time). The SFT learns the assistant turns only (:func:`grouprl.builtin.agent_demos.
 conversation_ids`), so the warm start knows the format -- one number per turn -- and bisects only some of the
 time: the start GRPO needs, where fewer turns and solved games earn more.
 """
@@ -22,15 +22,13 @@ def game(secret: int, bisect: bool, rng: random.Random) -> tuple[list[dict], boo
     env = GuessNumberEnv()
     env.reset(secret=secret)
     messages = [{"role": "user", "content": PROMPT.format(low=env.low, high=env.high)}]
-    lo, hi = env.low, env.high
     while True:
-        guess = (lo + hi) // 2 if bisect else rng.randint(env.low, env.high)
+        guess = (env.lo + env.hi) // 2 if bisect else rng.randint(env.low, env.high)
         messages.append({"role": "assistant", "content": str(guess)})
         feedback, _, done = env.step(str(guess))
         if done:
             return messages, env.solved
         messages.append({"role": "user", "content": feedback})
-        lo, hi = (guess + 1, hi) if feedback == "higher" else (lo, guess - 1)
 
 
 def demo_examples(spec: Any) -> tuple[list[tuple[list[dict], None]], float]:

@@ -132,9 +132,10 @@ WARMSTARTS: dict[str, WarmStart] = {
     "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(
         min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-", "*"], allow_parentheses=False,
         allow_negation=False), direct_fraction=0.5, sft_rows=3000, sft_steps=600),
-    # guess-the-number (recipes/guess_number.yaml): 70% of the demonstrated players guess at random, 30% bisect
-    "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=2000,
-                              sft_steps=600, vocab_size=300),
+    # guess-the-number (recipes/guess_number.yaml): 70% of the demonstrated players guess at random, 30% bisect;
+    # demo_version 1: the replies state the range left ("higher: 5 to 8")
+    "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=3000,
+                              sft_steps=800, vocab_size=300, demo_version=1),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
                        batch_size=16, demo_version=1),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
