@@ -2,7 +2,8 @@
 and the built-in judge's agreement with the answer-present rule.
 
     python benchmarks/retrieval_curve.py --seeds 0 1 2     # benchmarks/results/retrieval.{json,png}
-    python benchmarks/retrieval_curve.py --judge-only       # only the judge's held-out agreement
+    python benchmarks/retrieval_curve.py --judge-only       # only the judge: benchmarks/results/retrieval_judge.json
+    python benchmarks/retrieval_curve.py --judge-from benchmarks/results/retrieval_judge.json --seeds 0 1
 
 For each RL seed it trains the recipe (``seed=S``, a checkpoint every ``--every`` steps, outputs in
 ``runs/retrieval-curve/``) and then evaluates the warm start, every checkpoint and the final model on every
@@ -211,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=5, help="checkpoint (and evaluate) every N steps")
     ap.add_argument("--samples", type=int, default=4, help="sampled trajectories per question (T=1)")
     ap.add_argument("--judge-only", action="store_true")
+    ap.add_argument("--judge-from", help="take the judge part from the JSON of an earlier --judge-only run")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "retrieval.json"))
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "retrieval-curve"))
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides for every run")
@@ -221,22 +223,25 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out = Path(args.out)
     report: dict = {"recipe": str(RECIPE.relative_to(ROOT)), "overrides": args.overrides, "cpu_count": os.cpu_count(),
-                    "load_average_start": [round(x, 2) for x in os.getloadavg()], "judge": judge_agreement()}
+                    "load_average_start": [round(x, 2) for x in os.getloadavg()],
+                    "judge": json.loads(Path(args.judge_from).read_text())["judge"] if args.judge_from
+                    else judge_agreement()}
     print(json.dumps({"judge": report["judge"]}), file=sys.stderr, flush=True)
-    if not args.judge_only:
-        report["runs"] = []
-        for seed in args.seeds:
-            report["runs"].append(run_seed(seed, args))
-            print(json.dumps({k: v for k, v in report["runs"][-1].items() if k != "per_step"}), file=sys.stderr,
-                  flush=True)
-        report["summary"] = summary(report["runs"])
-    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.judge_only:
         out = out.with_name(out.stem + "_judge.json")
+    else:
+        report["runs"] = []
+        for seed in args.seeds:  # the report is written after every seed: an interrupted run keeps what it did
+            report["runs"].append(run_seed(seed, args))
+            print(json.dumps({k: v for k, v in report["runs"][-1].items() if k != "per_step"}), file=sys.stderr,
+                  flush=True)
+            report["summary"] = summary(report["runs"])
+            report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+            out.write_text(json.dumps(report, indent=2) + "\n")
+            plot(report, out.with_suffix(".png"))
+    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out.write_text(json.dumps(report, indent=2) + "\n")
-    if not args.judge_only:
-        plot(report, out.with_suffix(".png"))
     print(json.dumps({"json": str(out), "judge": {k: report["judge"][k] for k in ("heldout", "train_distribution")},
                       **({"summary": report["summary"]} if "summary" in report else {})}, indent=1))
     return 0
