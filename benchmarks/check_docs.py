@@ -16,6 +16,7 @@ figure outside them on your machine is worth a look, not necessarily a bug.
     python benchmarks/check_docs.py --only default gspo --seeds 0
     python benchmarks/check_docs.py --from runs/check-docs/results.json   # compare stored results again
     python benchmarks/check_docs.py --reuse              # train only what runs/check-docs/ does not hold yet
+    python benchmarks/check_docs.py --out benchmarks/results/check_docs.json   # keep a copy of the JSON
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--jobs", type=int, default=1, help="runs at once (each one torch thread)")
     ap.add_argument("--from", dest="stored", help="compare the runs of a stored results.json, run nothing")
+    ap.add_argument("--out", help="also write the JSON here (e.g. benchmarks/results/check_docs.json)")
     ap.add_argument("--reuse", action="store_true", help="take a run this script finished before in "
                     "runs/check-docs/<claim>/seed<S> instead of training it again")
     a = ap.parse_args(argv)
@@ -135,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     if not a.stored:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "results.json").write_text(text)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text + "\n")
     print(text)
     return 0 if result["ok"] else 1
 

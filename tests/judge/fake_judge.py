@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible chat endpoint on 127.0.0.1 (http.server in a thread), for the judge tests.
 
 ``FakeJudge(behaviour)`` serves ``POST /v1/chat/completions``; ``behaviour(body) -> (status, reply_text,
-delay_s, headers)`` decides each answer. Every request's body and headers are kept in ``requests``.
+delay_s, headers)`` decides each answer (for a status other than 200, a non-empty ``reply_text`` is the body). Every request's body and headers are kept in ``requests``.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ class FakeJudge:
                 outer.requests.append((body, dict(self.headers)))
                 status, text, delay, headers = outer.behaviour(body)
                 time.sleep(delay)
-                payload = json.dumps(chat_reply(text)).encode() if status == 200 else b'{"error": "x"}'
+                payload = (json.dumps(chat_reply(text)).encode() if status == 200  # an error's text is its body
+                           else text.encode() if text else b'{"error": "x"}')
                 try:
                     self.send_response(status)
                     for k, v in (headers or {}).items():

@@ -114,3 +114,33 @@ def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
     print(f"builtin:judge held-out agreement {agree / len(items):.3f} over {len(items)} (majority {base:.3f})")
     assert agree / len(items) >= max(HELDOUT_AGREEMENT_FLOOR, base + 0.2), (agree / len(items), base)
 
+
+
+def test_the_judge_declares_room_for_its_fenced_prompts_and_a_long_answer(tmp_path):
+    """A held-out item's fenced pointwise prompt is about 340-410 tokens on the judge's tokenizer, but a policy's
+    answer can run to its max_new_tokens (256 in recipes/retrieval.yaml); with 512 positions grouprl serve would
+    refuse those prompts (context_length_exceeded), so builtin:judge declares 2048 (RoPE: no weight depends on it)
+    and a served judge still scores such an answer."""
+    import torch
+
+    from grouprl.builtin.warmstart import build_warmstart
+    from grouprl.models import load_model, load_tokenizer
+    from grouprl.rewards.judge import parse_pointwise, score_schema
+    from grouprl.serve.server import ChatServer
+
+    torch.set_num_threads(1)
+    assert WARMSTARTS["judge"].max_positions == 2048 and WARMSTARTS["retriever"].max_positions == 512
+    spec = replace(WARMSTARTS["judge"], hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_rows=32,
+                   sft_steps=2, batch_size=4, warmup_steps=1)
+    path = str(build_warmstart(spec, tmp_path / "judge"))
+    chat = ChatServer(load_model(path, torch.device("cpu")), load_tokenizer(path), max_new_tokens=16)
+    try:
+        assert chat.context == 2048
+        short = judge_demo.judge_conversation(*judge_demo.heldout_items()[0])[:-1]
+        long = judge_demo.judge_conversation(QUESTIONS[0][0], "Seine", " ".join(["The Seine [p20] [p21]"] * 40))[:-1]
+        assert len(chat.prompt_ids(short)) + 16 <= 512 < len(chat.prompt_ids(long)) + 16 <= chat.context
+        fmt = {"type": "json_schema", "json_schema": {"name": "s", "schema": score_schema(10.0)}}
+        text, _, _ = chat.complete(long, 16, 0.0, fmt)
+        assert parse_pointwise(text, 10.0)[0] is not None, text
+    finally:
+        chat.close()

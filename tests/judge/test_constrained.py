@@ -177,6 +177,28 @@ def test_an_endpoint_that_refuses_response_format_is_asked_without_it(caplog):
     assert sum("refused response_format" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_prompt_past_the_context_is_no_refusal_of_response_format(caplog):
+    """grouprl serve (like OpenAI) answers a prompt past the model's context with a 400 whose code is
+    context_length_exceeded: that answer gets no opinion, and the schema is still asked for afterwards (one
+    long answer must not switch structured output off for the rest of the run)."""
+    too_long = json.dumps({"error": {"message": "This model's maximum context length is 512 tokens.",
+                                     "type": "invalid_request_error", "param": "messages",
+                                     "code": "context_length_exceeded"}})
+
+    def behaviour(body):
+        if "x" * 50 in body["messages"][-1]["content"]:
+            return 400, too_long, 0.0, None
+        return 200, '{"score": 7}', 0.0, None
+
+    with FakeJudge(behaviour) as srv, caplog.at_level(logging.WARNING, logger="grouprl.rewards.judge"):
+        long = judge_reward(["q"], ["x" * 60], base_url=srv.base_url, model="ctx", max_retries=2)
+        short = judge_reward(["q"], ["b"], base_url=srv.base_url, model="ctx", max_retries=0)
+    assert long == [None] and short == [0.7]
+    assert ["response_format" in body for body, _ in srv.requests] == [True, True]  # not retried, not refused
+    assert not any("refused response_format" in r.getMessage() for r in caplog.records)
+    assert any("context_length_exceeded" in r.getMessage() for r in caplog.records)
+
+
 def test_structured_false_sends_no_response_format():
     with FakeJudge(lambda body: (200, '{"score": 3}', 0.0, None)) as srv:
         assert judge_reward(["q"], ["a"], base_url=srv.base_url, model="plain", structured=False) == [0.3]

@@ -102,6 +102,10 @@ class WarmStart:
     the choice to call) is trained; the others train only the call and the answer. Decouples the skill
     (copying, learned from every call) from the policy (how often to call, learned from a few), so a
     warm start can copy reliably and still call rarely: the choice RL then learns."""
+    max_positions: int = 512
+    """Positions the model declares (``max_position_embeddings``). RoPE has no position weights, so this
+    changes no weight, only the context ``grouprl serve`` and generation allow: the judge, whose prompts
+    hold a fenced answer, declares more than the 512 of the other built-in models."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -113,7 +117,7 @@ class WarmStart:
 
 
 _LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0,
-                 "mask_direct_digits": False, "decision_fraction": 1.0}
+                 "mask_direct_digits": False, "decision_fraction": 1.0, "max_positions": 512}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
@@ -137,7 +141,7 @@ WARMSTARTS: dict[str, WarmStart] = {
     "guess-number": WarmStart(task="arithmetic", environment="guess_number", noise=0.7, sft_rows=3000,
                               sft_steps=800, vocab_size=300, demo_version=1),
     "judge": WarmStart(task="retrieval", environment="judge", vocab_size=500, sft_rows=6000, sft_steps=2000,
-                       batch_size=16, demo_version=1),
+                       batch_size=16, demo_version=1, max_positions=2048),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
 }
@@ -291,6 +295,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
             num_layers=spec.num_layers,
             num_heads=spec.num_heads,
             num_kv_heads=spec.num_kv_heads,
+            max_position_embeddings=spec.max_positions,
             seed=spec.seed,
         )
         if spec.environment:

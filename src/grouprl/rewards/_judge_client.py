@@ -16,7 +16,9 @@ around them, which no client library ships as one piece:
   judge stops instead of hanging or silently training on "no opinion";
 - structured output: a request may carry OpenAI's ``response_format`` (a JSON schema of the scores; ``grouprl
   serve`` enforces it by constrained decoding, so a served model's reply always parses). An endpoint that
-  refuses it (HTTP 400 / 422) is asked again without it, and from then on never with it (logged once);
+  refuses it (HTTP 400 / 422) is asked again without it, and from then on never with it (logged once); a 400
+  whose error code is ``context_length_exceeded`` (a prompt past the model's context) is no such refusal:
+  that answer gets no opinion, and the next request still asks for the schema;
 - an on-disk cache (SQLite, one table) of the judge's replies keyed by a hash of the request, so a resumed
   run does not pay twice.
 
@@ -42,6 +44,21 @@ log = logging.getLogger("grouprl.rewards.judge")
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 MAX_REPLY_BYTES = 1 << 20  # a chat completion of a few hundred tokens is a few KB; more is a broken endpoint
+
+
+def error_code(body: bytes) -> str | None:
+    """The ``error.code`` of an OpenAI error reply (``{"error": {"message", "type", "param", "code"}}``), if any.
+    A prompt past the context is a 400 like a refused ``response_format``; the code tells them apart.
+
+    >>> error_code(b'{"error": {"code": "context_length_exceeded"}}'), error_code(b"oops")
+    ('context_length_exceeded', None)
+    """
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 class ReplyCache:
@@ -261,6 +278,9 @@ class JudgeClient:
             reason = f"HTTP {status}"
             if status == 429 and retry_after:
                 reason = f"retry-after={retry_after} (HTTP 429)"
+            elif error_code(bytes(data)) == "context_length_exceeded":
+                reason = (f"HTTP {status} context_length_exceeded: the judge prompt is longer than the judge model's "
+                          "context (a shorter answer, a smaller max_tokens or a model with a longer context fits)")
             return None, reason, status in RETRYABLE_STATUS
         try:
             content = json.loads(bytes(data))["choices"][0]["message"]["content"]
