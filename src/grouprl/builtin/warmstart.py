@@ -32,6 +32,8 @@ Built-in names (see ``WARMSTARTS``):
   (``decision_fraction``); the rest answer at once, with the digits of their answer untrained
   (``mask_direct_digits``: the tiny model cannot compute them). So the skill (copying) is learned from
   every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
+  Its SFT stops at a quality gate rather than a step count (``copy_gate``): once 90% of unseen problems are
+  solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000.
 """
 
 from __future__ import annotations
@@ -190,7 +192,9 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
 
     with building(target, INFO_FILE) as tmp:
         tmp.chmod(0o755)
-        print(f"grouprl: building builtin:{name} (tiny Qwen2 + {spec.sft_steps} SFT steps, once; cached in {target})",
+        steps = f"SFT until copy gate {spec.copy_gate:g}, at most {spec.sft_steps} steps" if spec.copy_gate else \
+            f"{spec.sft_steps} SFT steps"
+        print(f"grouprl: building builtin:{name} (tiny Qwen2 + {steps}, once; cached in {target})",
               file=sys.stderr, flush=True)
         build_warmstart(spec, tmp, name=name)
     return str(target)
