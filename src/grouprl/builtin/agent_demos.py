@@ -137,4 +137,47 @@ def demo_tokenizer(spec: Any):
     return build_tokenizer(tool_corpus(spec, build_tokenizer(corpus(spec.task))), vocab_size=spec.vocab_size)
 
 
+def gate_rows(spec: Any, n: int = 64) -> list[dict]:
+    """``n`` problems for the copy gate: train-split problems drawn apart from the SFT rows (none of them in
+    the SFT set, none from the held-out test split the recipes evaluate on)."""
+    from grouprl.data.tasks import generate_rows
+
+    seen = {r["key"] for r in generate_rows(spec.task, "train", n=spec.sft_rows, seed=1000 + spec.seed,
+                                            **spec.task_kwargs)}
+    rows = generate_rows(spec.task, "train", n=n + 16, seed=5000 + spec.seed, **spec.task_kwargs)
+    return [r for r in rows if r["key"] not in seen][:n]
+
+
+def copy_gate(spec: Any, tok: Any, n: int = 64):
+    """The warm start's quality gate: ``score(model)`` = the fraction of ``n`` unseen problems whose whole
+    demonstrated tool use -- the call with the expression copied, then the answer with the tool's reply
+    copied -- is the model's argmax at every trained token after the first (``<tool_call>``, the choice to
+    call, which RL learns). Teacher-forced argmax at every token is exactly greedy decoding, so the score is
+    the fraction of problems a model that decides to call solves greedily: the skill RL needs."""
+    import torch
+
+    encoded = [conversation_ids(tok, tool_conversation(row, call=True), TOOLS[spec.environment])
+               for row in gate_rows(spec, n)]
+    width = max(len(ids) for ids, _ in encoded)
+    ids = torch.full((len(encoded), width), tok.pad_token_id, dtype=torch.long)
+    checked = torch.zeros((len(encoded), width), dtype=torch.bool)
+    for r, (seq, mask) in enumerate(encoded):
+        ids[r, : len(seq)] = torch.tensor(seq)
+        first = mask.index(1)
+        checked[r, first + 1: len(seq)] = torch.tensor(mask[first + 1:], dtype=torch.bool)
+    attn = (torch.arange(width)[None, :] < torch.tensor([len(s) for s, _ in encoded])[:, None]).long()
+
+    def score(model) -> float:
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            pred = model(input_ids=ids, attention_mask=attn).logits[:, :-1].argmax(-1)
+        model.train(was_training)
+        right = (pred == ids[:, 1:]) | ~checked[:, 1:]
+        return float(right.all(dim=1).float().mean())
+
+    return score
+
+
 demo_examples = tool_examples
+demo_gate = copy_gate
