@@ -12,8 +12,9 @@ The function's name says what it should compute (:data:`FUNCTIONS`: ``add`` +, `
 same family (arithmetic or comparison), so one ``edit(old="a - b", new="a + b")`` repairs it. Three of the
 four operators of a family are wrong, so a repair that guesses is right one time in three; the tests'
 verdicts tell a wrong guess from the right one (``0/3 tests passed.`` and the failing asserts), and the name
-tells the right operator outright. A wrong operator can pass some tests by coincidence (``less(3, 3) is
-False`` holds for ``>`` too), so the k/n reward gives partial credit.
+tells the right operator outright. Every wrong operator fails at least one test (the cases are drawn so), but
+it can pass others by coincidence (``less(3, 3) is False`` holds for ``>`` too), so the k/n reward gives
+partial credit.
 
 The key is the function, its argument names, the wrong operator and the test cases, so the held-out split
 (:func:`grouprl.data.tasks.generate_rows`) shares no row with the training split -- but every function
@@ -68,7 +69,11 @@ def _cases(rng: random.Random, family: str, num_tests: int) -> list[tuple[int, i
         rng.shuffle(kinds)
         extra = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(max(0, num_tests - 3))]
         return (kinds + extra)[:num_tests]
-    return [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(num_tests)]
+    while True:  # redrawn until every wrong operator fails at least one test (no repair passes by luck)
+        cases = [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(num_tests)]
+        if all(any(apply(o, *c) != apply(p, *c) for c in cases) for o in FAMILIES[family] for p in FAMILIES[family]
+               if o != p):
+            return cases
 
 
 def make_code_repair(rng: random.Random, *, num_tests: int = 3, functions: list[str] | None = None) -> dict[str, Any]:
