@@ -48,9 +48,10 @@ def repair_tools() -> list[dict]:
 def demo_env_class():
     """:class:`CodeRepairEnv` whose test runs are computed from the row's ``work`` (no sandbox job): the
     same report text, for the thousands of demonstrations a warm start needs."""
+    from types import SimpleNamespace
+
     from grouprl.data.code_repair import FUNCTIONS, passes
     from grouprl.envs import CodeRepairEnv
-    from grouprl.sandbox.result import SandboxResult, TestResult
 
     class DemoRepairEnv(CodeRepairEnv):
         def reset(self, work: dict | None = None, **row: Any) -> None:
@@ -61,11 +62,12 @@ def demo_env_class():
             line = self.code.splitlines()[-1].split()
             op = line[2] if len(line) == 4 and line[2] in {o for o, _ in FUNCTIONS.values()} else None
             verdicts = passes(self.work, op) if op else [False] * len(self.work["cases"])
-            tests = [TestResult(i, "passed" if ok else "failed", "" if ok else "AssertionError")
-                     for i, ok in enumerate(verdicts)]
-            result = SandboxResult(sum(verdicts), len(verdicts), "ok", tests=tests)
-            self.passed, self.total = result.passed, result.total
-            return result
+            # what grouprl.sandbox's SandboxResult / TestResult give the report for a failed assert
+            tests = [SimpleNamespace(index=i, passed=ok, status="passed" if ok else "failed",
+                                     reason="" if ok else "AssertionError") for i, ok in enumerate(verdicts)]
+            self.passed, self.total = sum(verdicts), len(verdicts)
+            return SimpleNamespace(passed=self.passed, total=self.total, status="ok", reason="", tests=tests,
+                                   stdout="", stderr="", reward=self.passed / self.total)
 
     return DemoRepairEnv
 
