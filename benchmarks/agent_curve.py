@@ -49,6 +49,11 @@ def _eval_records(metrics_path: str) -> tuple[list[dict], dict[int, dict]]:
     return evals, steps
 
 
+def _env_counters(record: dict, prefix: str) -> dict:
+    """The environment's counters (``env/edits``, ``env/iterations``, ...: means per trajectory) of a record."""
+    return {k[len(prefix):]: round(v, 4) for k, v in record.items() if k.startswith(prefix)}
+
+
 def train(recipe: str, eval_steps: int, run_dir: Path, overrides: list[str]) -> dict:
     """Train ``recipe``; the held-out curve with tool statistics, train reward and tool use per step."""
     from grouprl.config import GRPOConfig
@@ -68,7 +73,8 @@ def train(recipe: str, eval_steps: int, run_dir: Path, overrides: list[str]) -> 
     by_step = {e["step"]: e for e in evals}  # the "after" evaluation repeats the last periodic one's step
     curve = [{"step": s, "train_seconds": cumulative.get(s, round(elapsed, 1)), "accuracy": e["eval/accuracy"],
               "tool_calls_per_traj": e.get("eval/tools/calls_per_traj"),
-              "tool_failure_frac": e.get("eval/tools/failure_frac"), "turns": e.get("eval/turns/mean")}
+              "tool_failure_frac": e.get("eval/tools/failure_frac"), "turns": e.get("eval/turns/mean"),
+              "env": _env_counters(e, "eval/env/")}
              for s, e in sorted(by_step.items())]
     per_step = [{"step": s, "reward": r.get("reward"), "tool_calls_per_traj": r.get("tools/calls_per_traj"),
                  "seconds": round(r["time/step"], 2)} for s, r in sorted(steps.items())]
@@ -87,7 +93,7 @@ def greedy(cfg, checkpoint: str | None, *, tool: bool) -> dict:
     run_cfg = cfg if tool else replace(cfg, environment=None, tools=[])
     result = evaluate_checkpoint(run_cfg, checkpoint, temperature=0.0, num_samples=1, ks=())
     return {"accuracy": result["accuracy"], "completion_length": result["completion_length"],
-            "tool_calls_per_traj": result.get("tools/calls_per_traj", 0.0)}
+            "tool_calls_per_traj": result.get("tools/calls_per_traj", 0.0), "env": _env_counters(result, "env/")}
 
 
 def plot(report: dict, path: Path) -> None:
@@ -121,13 +127,14 @@ def plot(report: dict, path: Path) -> None:
 
 
 def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path, overrides: list[str],
-         sft_steps: int | None = None) -> dict:
+         sft_steps: int | None = None, builtin: str = "calculator") -> dict:
     """One (warm-start seed, RL seed) run: the sampled held-out curve, greedy with the tool before/after.
-    ``sft_steps`` replaces the warm start's number of SFT steps (another cache entry)."""
+    ``builtin`` names the warm start the seed applies to; ``sft_steps`` replaces its number of SFT steps
+    (another cache entry)."""
     from grouprl.builtin.warmstart import builtin_model_path
 
     spec = {"seed": ws_seed, **({"sft_steps": sft_steps} if sft_steps else {})}
-    model = builtin_model_path("calculator", **spec) if ws_seed or sft_steps else "builtin:calculator"
+    model = builtin_model_path(builtin, **spec) if ws_seed or sft_steps else f"builtin:{builtin}"
     run = train(config, eval_steps, run_dir, [f"model={model}", f"seed={rl_seed}", *overrides])
     cfg = run.pop("config")
     greedy_runs = {"warm_start": greedy(cfg, None, tool=True), "trained": greedy(cfg, run["final"], tool=True)}
@@ -136,7 +143,9 @@ def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path
             "calls_before": run["curve"][0]["tool_calls_per_traj"], "calls_after": run["curve"][-1]["tool_calls_per_traj"],
             "greedy_before": greedy_runs["warm_start"]["accuracy"], "greedy_after": greedy_runs["trained"]["accuracy"],
             "greedy_calls_before": greedy_runs["warm_start"]["tool_calls_per_traj"],
-            "greedy_calls_after": greedy_runs["trained"]["tool_calls_per_traj"], **run}
+            "greedy_calls_after": greedy_runs["trained"]["tool_calls_per_traj"],
+            "env_before": run["curve"][0]["env"], "env_after": run["curve"][-1]["env"],
+            "greedy_env_before": greedy_runs["warm_start"]["env"], "greedy_env_after": greedy_runs["trained"]["env"], **run}
 
 
 def grid(args) -> int:
@@ -144,7 +153,8 @@ def grid(args) -> int:
     JSON with the per-seed table and its spread, and a PNG of before/after per cell."""
     import subprocess
 
-    cells = [(w, r) for w in args.ws_seeds for r in args.rl_seeds]
+    cells = ([tuple(int(x) for x in c.split(":")) for c in args.cells] if args.cells
+             else [(w, r) for w in args.ws_seeds for r in args.rl_seeds])
     out = Path(args.out)
     parts = out.parent / f"{out.stem}_cells"
     parts.mkdir(parents=True, exist_ok=True)
@@ -157,14 +167,17 @@ def grid(args) -> int:
             running = [p for p in running if p.poll() is None]
         cmd = [sys.executable, __file__, "-c", args.config, "--eval-steps", str(args.eval_steps), "--cell", str(w), str(r),
                "--out", str(parts / f"ws{w}_rl{r}.json"), "--runs-dir", f"{args.runs_dir}/ws{w}_rl{r}",
-               *(["--sft-steps", str(args.sft_steps)] if args.sft_steps else []), *args.overrides]
+               *(["--sft-steps", str(args.sft_steps)] if args.sft_steps else []), "--builtin", args.builtin,
+               *args.overrides]
         running.append(subprocess.Popen(cmd, env=env))
     for p in running:
         p.wait()
     rows = [json.loads((parts / f"ws{w}_rl{r}.json").read_text()) for w, r in cells
             if (parts / f"ws{w}_rl{r}.json").exists()]
     table = [{k: row[k] for k in ("ws_seed", "rl_seed", "before", "after", "greedy_before", "greedy_after",
-                                   "calls_before", "calls_after", "train_seconds", "wall_seconds")} for row in rows]
+                                   "calls_before", "calls_after", "train_seconds", "wall_seconds")}
+             | {k: row.get(k) for k in ("env_before", "env_after", "greedy_env_before", "greedy_env_after")}
+             for row in rows]
     gains = [t["after"] - t["before"] for t in table]
     greedy_gains = [t["greedy_after"] - t["greedy_before"] for t in table]
     report = {"recipe": args.config, "overrides": args.overrides, "cells": table, "cpu_count": os.cpu_count(),
@@ -222,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep grid cells whose JSON already exists")
     ap.add_argument("--cell", type=int, nargs=2, metavar=("WS", "RL"), help="one grid cell (what --grid runs)")
     ap.add_argument("--sft-steps", type=int, default=None, help="warm-start SFT steps (default: the built-in's)")
+    ap.add_argument("--builtin", default="calculator", help="the built-in model the warm-start seeds apply to")
+    ap.add_argument("--cells", nargs="+", metavar="WS:RL", help="grid cells to run instead of --ws-seeds x --rl-seeds")
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides")
     args = ap.parse_args(argv)
     if args.grid:
@@ -229,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cell:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         result = cell(args.config, args.cell[0], args.cell[1], args.eval_steps, Path(args.runs_dir), args.overrides,
-                      sft_steps=args.sft_steps)
+                      sft_steps=args.sft_steps, builtin=args.builtin)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps({k: result[k] for k in ("ws_seed", "rl_seed", "before", "after", "greedy_before",

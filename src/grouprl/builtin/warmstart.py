@@ -34,6 +34,8 @@ Built-in names (see ``WARMSTARTS``):
   every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
   Its SFT stops at a quality gate rather than a step count (``copy_gate``): once 90% of unseen problems are
   solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000.
+- ``code_repair``: a repair agent for the ``python`` environment (recipes/code_repair.yaml): view the file,
+  edit one operator, run the tests, stop when they pass (:mod:`grouprl.builtin.code_demos`).
 """
 
 from __future__ import annotations
@@ -156,6 +158,10 @@ WARMSTARTS: dict[str, WarmStart] = {
                        batch_size=16, demo_version=1, max_positions=2048),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
+    # code repair (recipes/code_repair.yaml): view, edit one operator (a random one: the policy is RL's),
+    # run the tests; after a failure 30% of the demonstrations edit again, 70% (noise) stop
+    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=500,
+                             batch_size=16),
 }
 
 
@@ -344,9 +350,10 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
 
 def _demos(environment: str):
     """The module that builds the chat demonstrations (``demo_tokenizer``, ``demo_examples``) of ``environment``."""
-    from grouprl.builtin import agent_demos, game_demo, judge_demo, search_demo
+    from grouprl.builtin import agent_demos, code_demos, game_demo, judge_demo, search_demo
 
-    modules = {"calculator": agent_demos, "judge": judge_demo, "search": search_demo, "guess_number": game_demo}
+    modules = {"calculator": agent_demos, "judge": judge_demo, "search": search_demo, "guess_number": game_demo,
+               "python": code_demos}
     if environment not in modules:
         raise ValueError(f"WarmStart.environment={environment!r}: known demonstrations: {', '.join(modules)}")
     return modules[environment]

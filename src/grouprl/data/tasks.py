@@ -7,6 +7,7 @@ Each task is a generator plus a reward recipe (the reward names a recipe should 
 | ``arithmetic``| a one- or two-step word problem ("Ana has 7 bags ...")   | ``"16"``| ``accuracy``             |
 | ``countdown`` | reach a target with + - * from given numbers               | target  | ``countdown``            |
 | ``calculator``| a user message "What is 4817 * 36 + 529?" (6-digit answer) | ``"173941"`` | ``accuracy``        |
+| ``code_repair``| "Fix add in solution.py." + ``code`` / ``tests`` columns (:mod:`grouprl.data.code_repair`) | the repaired file | ``code_repair`` |
 
 Demonstrations (for the bundled SFT warm start, :mod:`grouprl.builtin.warmstart`) use the format
 ``<think>7*3=21, 21-5=16</think>Answer: 16``: the working first, then an answer line that the
@@ -365,3 +366,8 @@ def retrieval_task() -> Task:
 
 
 TASKS["retrieval"] = retrieval_task()
+
+# builtin:code_repair: a one-line function with a wrong operator, for the `python` environment (recipes/code_repair.yaml)
+from grouprl.data.code_repair import make_code_repair  # noqa: E402
+
+TASKS["code_repair"] = Task("code_repair", make_code_repair, ["code_repair"], "tests_passed")

@@ -22,6 +22,8 @@ digit_match    ``digit_match_reward``: partial credit, the fraction of an intege
 judge          ``judge_reward``: an LLM judge over an OpenAI-compatible endpoint (batch form)
 retrieval      ``retrieval_reward``: judge + citation/answer/efficiency/safety rules (batch form)
 reasoning_gym  ``reasoning_gym_reward``: a reasoning-gym task's own ``score_answer`` on the answer
+code_repair    ``code_repair_reward``: the code template (0.5 k/n tests + format + efficiency + safety) of a repair trajectory
+tests_passed   ``tests_passed_reward``: k/n tests the final file of a repair trajectory passes
 =============  ===========================================================================
 
 ``make_reward_func`` turns any of them -- and any user function in either form, per-sample or TRL's
@@ -41,6 +43,7 @@ from grouprl.rewards.adapters import (
     reward_form,
     sample_reward,
 )
+from grouprl.rewards.code_repair import code_repair_reward, tests_passed_reward
 from grouprl.rewards.coherence import text_coherence
 from grouprl.rewards.composite import (
     AgentRewardFunction,
@@ -78,6 +81,7 @@ __all__ = [
     "accuracy_reward",
     "as_sample_reward",
     "batch_reward",
+    "code_repair_reward",
     "code_reward_config",
     "completion_text",
     "composite_reward",
@@ -104,6 +108,7 @@ __all__ = [
     "safety_report",
     "safety_reward",
     "sample_reward",
+    "tests_passed_reward",
     "text_coherence",
     "tool_call_reward",
 ]

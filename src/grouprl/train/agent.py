@@ -263,7 +263,9 @@ def add_env_rewards(totals: list[float], trajectories: list) -> list[float]:
 
 def agent_metrics(trajectories: list) -> dict[str, float]:
     """``multiturn_metrics`` with the environment reward logged as TRL names it, after the environment's class:
-    ``rewards/<Class>/mean`` and ``/std`` over the rollouts of that class that gave one."""
+    ``rewards/<Class>/mean`` and ``/std`` over the rollouts of that class that gave one; and ``env/<counter>``,
+    the mean of each number in ``env_state`` over the rollouts that have it (``env/edits``, ``env/iterations``
+    of the python environment, ``env/num_searches`` of search)."""
     import statistics
 
     from grouprl.rollout.multiturn import multiturn_metrics
@@ -277,6 +279,12 @@ def agent_metrics(trajectories: list) -> dict[str, float]:
             by_class.setdefault(name, []).append(float(t.env_reward))
     for name, values in by_class.items():
         m[f"rewards/{name}/mean"], m[f"rewards/{name}/std"] = statistics.fmean(values), statistics.pstdev(values)
+    counters: dict[str, list[float]] = {}
+    for t in trajectories:
+        for key, value in (t.env_state or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                counters.setdefault(key, []).append(float(value))
+    m.update({f"env/{key}": statistics.fmean(values) for key, values in counters.items()})
     return m
 
 

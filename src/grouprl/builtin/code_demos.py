@@ -1,0 +1,135 @@
+"""``builtin:code_repair``: a tiny code-repair agent for recipes/code_repair.yaml, warm-started on repair chats.
+
+Each demonstration is one rollout of the ``code_repair`` task (:mod:`grouprl.data.code_repair`) in the
+``python`` environment, token for token as :mod:`grouprl.rollout.multiturn` builds it (ids and loss mask
+from :func:`grouprl.builtin.agent_demos.conversation_ids`, the environment's own tool list in the prompt)::
+
+    user       Fix add in solution.py.
+    assistant  <tool_call>view()</tool_call>
+    tool          1 | def add(a, b):\\n   2 |     return a - b
+    assistant  <tool_call>edit(old="a - b", new="a * b")</tool_call>
+    tool       edited solution.py (2 lines)
+    assistant  <tool_call>run_tests()</tool_call>
+    tool       0/3 tests passed.\\nFAILED test 0 `assert add(2, 7) == 9` (failed): AssertionError ...
+    assistant  <tool_call>edit(old="a * b", new="a + b")</tool_call>      (edits again, or stops)
+    ...        run_tests() -> 3/3 tests passed.
+    assistant  Done.
+
+The tool replies are the environment's own text (:class:`grouprl.envs.code_repair.CodeRepairEnv`'s
+``view``, ``edit`` and report format); only the test verdicts are computed from the row instead of run in
+the sandbox (:class:`DemoRepairEnv`), and a test checks that they equal the sandbox's.
+
+SKILL and POLICY are separated as in the calculator warm start: every demonstration views the file,
+copies the returned expression into ``edit(old=...)`` and writes it back with one operator changed, runs
+the tests and stops once they pass (the skill: the syntax, the copying, reading ``3/3``). Which operator
+to try is NOT shown: the demonstrator picks uniformly among the three its family offers besides the wrong
+one, whatever the function's name, so the warm start is right on its first edit one time in three. After
+a failed run it edits again (another untried operator) in ``1 - spec.noise`` of the cases and stops in
+``spec.noise``; at most ``MAX_EDITS`` edits. What GRPO can learn: the operator the name asks for, and to
+edit again after a failure.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+MAX_EDITS = 3  # the code template's "<= 3 file edits"
+FINAL = "Done."
+
+
+def repair_tools() -> list[dict]:
+    """The ``python`` environment's tool schemas, exactly as a rollout passes them to the chat template."""
+    from grouprl.envs import CodeRepairEnv, make_env_factory
+
+    return make_env_factory(environment_factory=CodeRepairEnv)().tools
+
+
+def demo_env_class():
+    """:class:`CodeRepairEnv` whose test runs are computed from the row's ``work`` (no sandbox job): the
+    same report text, for the thousands of demonstrations a warm start needs."""
+    from types import SimpleNamespace
+
+    from grouprl.data.code_repair import FUNCTIONS, passes
+    from grouprl.envs import CodeRepairEnv
+
+    class DemoRepairEnv(CodeRepairEnv):
+        def reset(self, work: dict | None = None, **row: Any) -> None:
+            self.work = work
+            return super().reset(**row)
+
+        def _run(self) -> Any:
+            line = self.code.splitlines()[-1].split()
+            op = line[2] if len(line) == 4 and line[2] in {o for o, _ in FUNCTIONS.values()} else None
+            verdicts = passes(self.work, op) if op else [False] * len(self.work["cases"])
+            # what grouprl.sandbox's SandboxResult / TestResult give the report for a failed assert
+            tests = [SimpleNamespace(index=i, passed=ok, status="passed" if ok else "failed",
+                                     reason="" if ok else "AssertionError") for i, ok in enumerate(verdicts)]
+            self.passed, self.total = sum(verdicts), len(verdicts)
+            return SimpleNamespace(passed=self.passed, total=self.total, status="ok", reason="", tests=tests,
+                                   stdout="", stderr="", reward=self.passed / self.total)
+
+    return DemoRepairEnv
+
+
+def _call(name: str, **arguments: str) -> str:
+    args = ", ".join(f'{k}="{v}"' for k, v in arguments.items())
+    return f"<tool_call>{name}({args})</tool_call>"
+
+
+def repair_conversation(row: dict, rng: random.Random, *, give_up: float, env: Any = None) -> list[dict]:
+    """The messages of one demonstration for a ``code_repair`` row (module docstring): view, edit, run the
+    tests, and after a failure edit again (probability ``1 - give_up``) until they pass or ``MAX_EDITS``."""
+    from grouprl.data.code_repair import FAMILIES, expression
+
+    work = row["work"]
+    env = env if env is not None else demo_env_class()()
+    env.reset(work=work, code=row["code"], tests=row["tests"])
+    messages = [dict(m) for m in row["prompt"]]
+
+    def step(content: str, name: str, result: str) -> None:
+        messages.append({"role": "assistant", "content": content})
+        messages.append({"role": "tool", "name": name, "content": result})
+
+    step(_call("view"), "view", env.view())
+    args, current = tuple(work["args"]), work["bug"]
+    untried = [o for o in FAMILIES[work["family"]] if o != current]
+    for _ in range(MAX_EDITS):
+        new = untried.pop(rng.randrange(len(untried)))
+        old_text, new_text = expression(args, current), expression(args, new)
+        step(_call("edit", old=old_text, new=new_text), "edit", env.edit(old_text, new_text))
+        current = new
+        step(_call("run_tests"), "run_tests", env.run_tests())
+        if env.passed == env.total or not untried or rng.random() < give_up:
+            break
+    messages.append({"role": "assistant", "content": FINAL})
+    return messages
+
+
+def demo_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict]]], float]:
+    """``spec.sft_rows`` demonstrations on the task's training split (seed ``1000 + spec.seed``) with the
+    environment's tools, and the fraction whose final file passes every test."""
+    from grouprl.data.tasks import generate_rows
+
+    rows = generate_rows(spec.task, "train", n=spec.sft_rows, seed=1000 + spec.seed, **spec.task_kwargs)
+    rng = random.Random(f"repair|{spec.seed}")
+    tools, env = repair_tools(), demo_env_class()()
+    out, fixed = [], 0
+    for row in rows:
+        out.append((repair_conversation(row, rng, give_up=spec.noise, env=env), tools))
+        fixed += env.passed == env.total
+    return out, fixed / len(out)
+
+
+def demo_tokenizer(spec: Any):
+    """BPE trained on 600 demonstrations as the chat template renders them (the code, the call syntax and
+    the test reports get tokens of their own; digits stay one token each)."""
+    from dataclasses import replace
+
+    from grouprl.builtin.agent_demos import _render
+    from grouprl.builtin.tiny import build_tokenizer
+
+    base = build_tokenizer()
+    conversations, _ = demo_examples(replace(spec, sft_rows=600))
+    texts = [_render(base, messages, tools, False) for messages, tools in conversations]
+    return build_tokenizer(texts, vocab_size=spec.vocab_size)

@@ -1,0 +1,217 @@
+"""Code repair: the builtin:code_repair task, its demonstrations (token-exact, replayed through the real
+environment and sandbox), the code template's trajectory rewards, and a tiny end-to-end recipe run."""
+
+from __future__ import annotations
+
+import ast
+import random
+from dataclasses import replace
+
+import pytest
+
+from grouprl.builtin import code_demos
+from grouprl.builtin.agent_demos import conversation_ids
+from grouprl.builtin.tiny import build_tokenizer
+from grouprl.builtin.warmstart import WARMSTARTS
+from grouprl.data.code_repair import FAMILIES, FUNCTIONS, make_code_repair, passes
+from grouprl.data.tasks import generate_rows, load_task
+from grouprl.errors import DataError
+from grouprl.rewards.code_repair import code_repair_reward, format_score
+from grouprl.rewards.code_repair import tests_passed_reward as passed_reward
+from grouprl.sandbox import configure, detect
+from grouprl.sandbox.config import current
+
+SANDBOX = detect().strict or detect().basic_python
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason="no sandbox isolation available on this machine")
+TINY = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, vocab_size=300, sft_rows=48, sft_steps=3,
+            batch_size=8, warmup_steps=1)
+
+
+@pytest.fixture
+def sandbox_settings():
+    before = current()
+    configure(isolation="strict" if detect().strict else "basic", timeout=10.0)
+    yield
+    configure(before)
+
+
+def _retrying_row() -> dict:
+    """A training row whose demonstration (rng seed 3, never giving up) edits twice or more."""
+    rows = generate_rows("code_repair", "train", n=40, seed=7)
+    for row in rows:
+        messages = code_demos.repair_conversation(row, random.Random(3), give_up=0.0)
+        if sum('edit(' in m["content"] for m in messages if m["role"] == "assistant") >= 2:
+            return row
+    raise AssertionError("no retrying demonstration among 40 rows")
+
+
+def test_generator_rows_splits_and_errors():
+    row = make_code_repair(random.Random(0))
+    name = row["work"]["name"]
+    op, family = FUNCTIONS[name]
+    assert row["prompt"] == [{"role": "user", "content": f"Fix {name} in solution.py."}]
+    assert row["work"]["bug"] in FAMILIES[family] and row["work"]["bug"] != op and len(row["tests"]) == 3
+    a, b = row["work"]["args"]
+    assert row["code"] == f"def {name}({a}, {b}):\n    return {a} {row['work']['bug']} {b}\n"
+    assert row["answer"] == f"def {name}({a}, {b}):\n    return {a} {op} {b}\n"
+    # hand-checked: add(2, 7) == 9 fails with "-" (-5) and "%" (2) but "+" passes; less(3, 3) is False holds for ">"
+    work = {"op": "+", "cases": [[2, 7], [2, 2]]}
+    assert passes(work, "-") == [False, False] and passes(work, "*") == [False, True] and passes(work, "+") == [True] * 2
+    assert passes({"op": "<", "cases": [[1, 4], [4, 1], [3, 3]]}, ">") == [False, False, True]
+    train = generate_rows("code_repair", "train", n=300, seed=0)
+    test = generate_rows("code_repair", "test", n=100, seed=0)
+    assert not {r["key"] for r in train} & {r["key"] for r in test}
+    assert generate_rows("code_repair", "test", n=100, seed=0) == test  # deterministic
+    assert all(not all(passes(r["work"], r["work"]["bug"])) for r in train + test)  # every bug is caught
+    assert set(load_task("code_repair", "test", n=5).column_names) == {"prompt", "code", "tests", "answer"}
+    with pytest.raises(DataError, match="functions must be among"):
+        make_code_repair(random.Random(0), functions=["div"])
+
+
+@needs_sandbox
+def test_generator_tests_catch_the_bug_in_the_sandbox(sandbox_settings):
+    from grouprl.envs import CodeRepairEnv
+
+    for row in generate_rows("code_repair", "test", n=8, seed=3):
+        env = CodeRepairEnv()
+        env.reset(code=row["code"], tests=row["tests"])
+        assert env.get_reward() == sum(passes(row["work"], row["work"]["bug"])) / 3 < 1
+        env.write(row["answer"])
+        assert env.get_reward() == 1.0
+
+
+def test_demonstrations_are_the_rollouts_tokens():
+    from grouprl.rollout.chat import assistant_turn_ids, prompt_ids, tool_turn_ids
+
+    tok = build_tokenizer()
+    tools = code_demos.repair_tools()
+    messages = code_demos.repair_conversation(_retrying_row(), random.Random(3), give_up=0.0)
+    ids, mask = conversation_ids(tok, messages, tools)
+    # what MultiTurnRollout concatenates: the prompt, then each sampled turn and each tool turn in order
+    want, want_mask = list(prompt_ids(tok, messages[:1], tools)), []
+    want_mask = [0] * len(want)
+    for k in range(1, len(messages)):
+        if messages[k]["role"] == "assistant":
+            piece = assistant_turn_ids(tok, messages[:k], messages[k], tools)
+            want_mask += [1] * len(piece)
+        elif messages[k - 1]["role"] == "assistant":
+            piece = tool_turn_ids(tok, messages[:k], messages[k:k + 1], tools)
+            want_mask += [0] * len(piece)
+        else:
+            continue
+        want += piece
+    assert ids == want and mask == want_mask
+    assert tok.decode(ids).startswith("<|im_start|>system\nTools: edit(old, new), run_tests(), view(), write(content)")
+    trained = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert trained.startswith("<tool_call>view()</tool_call><|im_end|><tool_call>edit(old=\"")
+    assert trained.endswith("<tool_call>run_tests()</tool_call><|im_end|>Done.<|im_end|>")
+    assert "tests passed" not in trained and "def " not in trained  # tool replies are never targets
+
+
+@needs_sandbox
+def test_demonstrations_replay_through_the_environment_and_fix_the_bug(sandbox_settings, no_leftovers):
+    """Each call of a demonstration, run by the real environment (sandboxed tests), returns the demonstration's
+    tool message; the last edit of a demonstration that ends with 3/3 leaves a file that passes every test."""
+    from grouprl.envs import CodeRepairEnv, make_env_factory
+
+    rows = [_retrying_row()] + generate_rows("code_repair", "train", n=3, seed=11)
+    for row in rows:
+        messages = code_demos.repair_conversation(row, random.Random(3), give_up=0.0)
+        env = make_env_factory(environment_factory=CodeRepairEnv)()
+        env.reset({"prompt": row["prompt"], "code": row["code"], "tests": row["tests"]})
+        for k, m in enumerate(messages):
+            if m["role"] != "tool":
+                continue
+            call = ast.parse(messages[k - 1]["content"][len("<tool_call>"):-len("</tool_call>")]).body[0].value
+            assert env.call(call.func.id, {kw.arg: kw.value.value for kw in call.keywords}) == m["content"]
+        assert messages[-2]["content"] == "3/3 tests passed." and messages[-1]["content"] == "Done."
+        assert env.reward() == 1.0 and env.instance.code == row["answer"]
+        env.close()
+
+
+def test_demonstration_mix_leaves_the_policy_to_rl():
+    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500)
+    examples, fixed = code_demos.demo_examples(spec)
+    first_right, failed, retried = 0, 0, 0
+    for messages, tools in examples:
+        assert tools == code_demos.repair_tools()
+        turns = [m["content"] for m in messages if m["role"] == "assistant"]
+        reports = [m["content"] for m in messages if m["role"] == "tool" and "tests passed" in m["content"]]
+        first_right += reports[0].startswith("3/3")
+        retried += len(reports) - 1  # every report but the last failed and was followed by another edit
+        failed += len(reports) - 1 + (not reports[-1].startswith("3/3") and len(reports) < 3)  # + gave up
+        assert turns[0] == "<tool_call>view()</tool_call>" and turns[-1] == "Done."
+    # the first operator tried is right one time in three, whatever the name; 30% edit again after a failure
+    assert abs(first_right / len(examples) - 1 / 3) < 0.04
+    assert abs(retried / failed - (1 - spec.noise)) < 0.05
+    assert 0.40 < fixed < 0.55
+
+
+def test_code_repair_reward_hand_computed():
+    ok = {"error": None}
+    calls = [{"name": n, **ok} for n in ("view", "edit", "run_tests", "edit", "run_tests")]
+    turns = ['<tool_call>view()</tool_call>', '<tool_call>edit(old="a - b", new="a * b")</tool_call>',
+             '<tool_call>run_tests()</tool_call>', '<tool_call>edit(old="a * b", new="a + b")</tool_call>',
+             '<tool_call>run_tests()</tool_call>', 'Done.']
+    state = {"passed": 3, "total": 3, "edits": 2, "iterations": 2}
+    # 5 calls, 2 over the 3 allowed: efficiency 1 - 0.2 = 0.8; format 1; safety 1
+    # 0.5 * 1 + 0.1 * 1 + 0.25 * 0.8 + 0.15 * 1 = 0.95
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=state) == pytest.approx(0.95)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=state,
+                              include_accuracy=False) == pytest.approx(0.45)
+    # one malformed call of 6 turns: format 5/6; 4 edits (1 over 3): efficiency 1 - 0.1 * (2 + 1) = 0.7
+    bad = calls[:4] + [{"name": None, "error": "malformed"}]
+    state4 = {"passed": 1, "total": 3, "edits": 4, "iterations": 1}
+    assert format_score(turns, bad) == pytest.approx(5 / 6)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=bad, env_state=state4) == pytest.approx(
+        0.5 / 3 + 0.1 * 5 / 6 + 0.25 * 0.7 + 0.15)
+    assert passed_reward("Done.", env_state={}) is None and code_repair_reward("x", env_state={}) is None
+
+
+@needs_sandbox
+def test_tests_passed_scores_the_final_file_not_the_last_run(sandbox_settings, no_leftovers):
+    from grouprl.envs import CodeRepairEnv
+
+    env = CodeRepairEnv()
+    env.reset(code="def add(a, b):\n    return a - b\n", tests=["assert add(2, 7) == 9", "assert add(3, 3) == 6"])
+    env.run_tests()
+    env.edit("a - b", "a + b")  # edited after its last run: the stale count says 0/2
+    state = {"passed": env.passed, "total": env.total}
+    assert passed_reward("Done.", env_state=state) == 0.0
+    assert passed_reward("Done.", environments=env, env_state=state) == 1.0
+
+
+def test_env_counters_are_logged_per_trajectory():
+    from grouprl.rollout.trajectory import Trajectory
+    from grouprl.train.agent import agent_metrics
+
+    trajs = [Trajectory(prompt_ids=[1], messages=[], num_turns=1, tool_calls=[], end_reason="answered")
+             for _ in range(2)]
+    trajs[0].env_state = {"edits": 1, "iterations": 2, "code": "x", "solved": True}
+    trajs[1].env_state = {"edits": 3, "iterations": 1}
+    m = agent_metrics(trajs)
+    assert (m["env/edits"], m["env/iterations"]) == (2.0, 1.5) and "env/code" not in m and "env/solved" not in m
+
+
+@needs_sandbox
+def test_recipe_smoke_end_to_end(tmp_path, sandbox_settings, no_leftovers):
+    """recipes/code_repair.yaml on a tiny warm start: one GRPO step with sandboxed test runs, held-out k/n
+    and the edits / iterations per trajectory logged."""
+    import json
+
+    from grouprl.builtin.warmstart import builtin_model_path
+    from grouprl.config import GRPOConfig
+    from grouprl.train import GRPOTrainer
+
+    model = builtin_model_path("code_repair", cache_dir=tmp_path / "cache", **TINY)
+    isolation = "strict" if detect().strict else "basic"
+    cfg = GRPOConfig.from_yaml("recipes/code_repair.yaml", [
+        f"model={model}", "max_steps=1", "per_device_train_batch_size=4", "num_generations=2", "max_eval_samples=2",
+        "eval_num_samples=1", "eval_steps=1", "max_new_tokens=96", f"output_dir={tmp_path / 'out'}",
+        "report_to=none", "progress_bar=false", "save_steps=100", f"sandbox.isolation={isolation}"])
+    result = GRPOTrainer(config=cfg).train()
+    records = [json.loads(line) for line in open(result["metrics_path"])]
+    evals = [r for r in records if "eval/accuracy" in r]
+    assert evals and all(0.0 <= r["eval/accuracy"] <= 1.0 for r in evals)
+    step = next(r for r in records if "time/step" in r)
+    assert "rewards/CodeRepairEnv/mean" in step and "env/iterations" in step and "env/edits" in step
