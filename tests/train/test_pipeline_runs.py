@@ -81,6 +81,32 @@ def test_k2_with_a_slowed_trainer_holds_the_bound_and_the_worker_waits(tiny_mode
     assert all(r["epoch"] == (0 if r["step"] <= 4 else 1) for r in recs)  # the trainer's stream moved with the rounds
 
 
+def test_rounds_do_not_depend_on_timing(tiny_model_dir, train_rows, fast_config, monkeypatch, tmp_path):
+    """Which weights and which seed sample round j is fixed by (j, k, weight_sync_steps, seed): a run whose
+    trainer is slowed (the worker then runs ahead and waits) trains exactly what an unslowed run trains."""
+    def run(out, delay):
+        real = grpo_mod.take_step
+
+        def step(*args, **kwargs):
+            time.sleep(delay)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(grpo_mod, "take_step", step)
+        cfg = fast_config(output_dir=str(out), max_steps=4, max_staleness=2, async_timeout_s=60)
+        trainer = GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=reward)
+        trainer.train()
+        monkeypatch.setattr(grpo_mod, "take_step", real)
+        drop = ("async/trainer_wait_s", "async/rollout_wait_s", "async/worker_generate_s", "async/worker_reward_s",
+                "async/worker_logp_s")
+        recs = [{k: v for k, v in r.items() if k not in drop} for r in _no_time(train_records(cfg.output_dir))]
+        return recs, [(s["completion"], s["ordinal"], s["policy_version"]) for s in _samples(cfg)], \
+            {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+    a, b = run(tmp_path / "fast", 0.0), run(tmp_path / "slow", 0.5)
+    assert a[0] == b[0] and a[1] == b[1]
+    assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
 def test_agent_rounds_go_through_the_worker(tiny_model_dir, train_rows, fast_config):
     cfg = fast_config(max_steps=3, max_staleness=1, environment="calculator", reward_funcs=["accuracy"],
                       max_new_tokens=8, async_timeout_s=60)
