@@ -24,6 +24,7 @@ import os
 import pickle
 import queue
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ def main(spec_blob: bytes, port: int, ctl: Any, out: Any) -> None:
     for name in _CLEARED_ENV:  # this process is no training rank: grouprl.train.parallel sees one process
         os.environ.pop(name, None)
     torch.set_num_threads(1)
+    threading.Thread(target=_watch_parent, name="grouprl-worker-watchdog", daemon=True).start()
     worker = None
     try:
         worker = Worker(pickle.loads(spec_blob), port, ctl, out)
@@ -96,6 +98,15 @@ def main(spec_blob: bytes, port: int, ctl: Any, out: Any) -> None:
             out.close()
             out.join_thread()
             sys.exit(1)
+
+
+def _watch_parent() -> None:
+    """End this process within ``POLL_S`` of its trainer's death (kill -9 included), wherever it is blocked
+    (generating, in a reward function, inside a weight broadcast): nobody would train what it produces."""
+    parent = multiprocessing.parent_process()
+    while parent is None or parent.is_alive():
+        time.sleep(POLL_S)
+    os._exit(0)
 
 
 class Worker:
