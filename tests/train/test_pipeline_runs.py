@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from pipeline_helpers import crash_in_worker, hang_in_worker, raise_in_worker, reward
+from pipeline_helpers import crash_in_worker, hang_in_worker, raise_in_worker, reward, syncs_so_far
 from train_helpers import train_records
 
 import grouprl.train.algorithms.grpo as grpo_mod
@@ -105,6 +105,18 @@ def test_rounds_do_not_depend_on_timing(tiny_model_dir, train_rows, fast_config,
     a, b = run(tmp_path / "fast", 0.0), run(tmp_path / "slow", 0.5)
     assert a[0] == b[0] and a[1] == b[1]
     assert all(torch.equal(a[2][k], b[2][k]) for k in a[2])
+
+
+def test_the_workers_backend_gets_each_new_version_before_it_samples(tiny_model_dir, train_rows, fast_config):
+    """Through the engine interface: the worker's backend (its own copy -- a bf16 sampler copy, an Engine
+    plug-in) is given the weights each time the version changes, before the round. The reward is the count
+    of versions it was given when it scored: versions [0, 0, 1, 2] -> [1, 1, 2, 3]."""
+    cfg = fast_config(max_steps=4, max_staleness=1, async_timeout_s=60,
+                      rollout_backend="pipeline_helpers:SyncCountingBackend")
+    GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows, reward_funcs=syncs_so_far).train()
+    recs = train_records(cfg.output_dir)
+    assert [r["async/policy_version"] for r in recs] == [0, 0, 1, 2]
+    assert [r["reward"] for r in recs] == [1.0, 1.0, 2.0, 3.0]
 
 
 def test_agent_rounds_go_through_the_worker(tiny_model_dir, train_rows, fast_config):

@@ -195,6 +195,9 @@ class Worker:
         if self.held != version:
             load_flat(self.params, self.buffers[version])
             self.held = version
+            # through the engine interface: a backend with its own copy (the lean sampler's bf16 copy, an
+            # Engine plug-in) takes the new weights now, before it samples the round
+            self.ctx.backend.sync_weights(self.ctx.model)
         self.forget_old()
         set_seed(round_seed(self.cfg.seed, self.next_round, self.spec.rank))
         self.ctx.step = version  # what reward functions see as global_step: the step of the sampling weights
