@@ -158,3 +158,46 @@ def test_a_reward_the_worker_cannot_import_is_refused_before_it_starts(tiny_mode
     with pytest.raises(ConfigError, match=r"a reward function cannot be sent to the rollout worker.*module level"):
         GRPOTrainer(model=str(tiny_model_dir), config=cfg, train_dataset=train_rows,
                     reward_funcs=lambda completions, **kw: [0.0] * len(completions)).train()
+
+
+def test_ctrl_c_to_the_process_group_saves_and_stops_the_worker(tiny_model_dir, tmp_path):
+    """Ctrl-C reaches the trainer AND its worker (one process group): the worker ignores it, the trainer
+    finishes its step, saves, stops the worker and exits 130 -- a graceful stop, not a worker error."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    recipe = Path(__file__).parent / "recipes" / "tiny_grpo.yaml"
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"{i} + 1 =", "answer": str(i + 1)}) for i in range(8)))
+    out = tmp_path / "out"
+    code = "import sys; from grouprl.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", code, "train", "-c", str(recipe), f"model={tiny_model_dir}", f"dataset={data}",
+           f"output_dir={out}", "eval_split=null", "max_steps=40", "save_steps=100", "max_staleness=1",
+           "reward_funcs=[train_helpers:alpha_fraction]"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
+        p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and proc.poll() is None:  # interrupt once step 2 is logged
+            if (out / "metrics.jsonl").is_file() and '"step": 2' in (out / "metrics.jsonl").read_text():
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode == 130, err
+    step = max(r["step"] for r in train_records(out))
+    assert (out / f"checkpoint-{step}").is_dir() and "RolloutWorkerError" not in err
+    time.sleep(1)
+    assert workers and not [p for p in workers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import sys
 import threading
 import time
@@ -85,6 +86,9 @@ def main(spec_blob: bytes, port: int, ctl: Any, out: Any) -> None:
     for name in _CLEARED_ENV:  # this process is no training rank: grouprl.train.parallel sees one process
         os.environ.pop(name, None)
     torch.set_num_threads(1)
+    # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops this worker
+    # (run/signals.py); dying here first would turn a graceful stop into a worker error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     threading.Thread(target=_watch_parent, name="grouprl-worker-watchdog", daemon=True).start()
     worker = None
     try:
@@ -128,8 +132,11 @@ class Worker:
         self.receiver = Receiver(port, sum(p.numel() for p in self.params), cfg.async_timeout_s)
         self.buffers: dict[int, torch.Tensor] = {}
         self.held: int | None = None
+        from grouprl.rollout.vllm_backend import options_from
+
+        # a vLLM server (vllm_mode: server) is driven from here over HTTP: its weights come from this copy
         backend = make_backend(cfg.rollout_backend, model, spec.tokenizer, lean_sampler=cfg.lean_sampler,
-                               rollout_dtype=resolve_rollout_dtype(cfg, model))
+                               vllm_options=options_from(cfg), rollout_dtype=resolve_rollout_dtype(cfg, model))
         self.ctx = RunContext(cfg, model, spec.tokenizer, backend, spec.scorer, None, None,
                               autocast_factory(cfg.bf16, torch.device("cpu")), spec.rows, spec.start_version,
                               spec.total_steps, sampling_params(cfg), spec.agent)
