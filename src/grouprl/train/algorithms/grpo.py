@@ -17,7 +17,9 @@ Processes: ``accelerate launch`` runs one copy per rank; ``train.parallel.ranks`
 out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0.
 The transformers backend generates with the training weights themselves; an engine with its own copy (vLLM)
 gets ``sync_weights`` once per generation round, before it generates (and before each evaluation), not
-after every optimizer step.
+after every optimizer step. With ``max_staleness`` >= 1 a rollout worker process (``train.pipeline``) runs the
+generate-and-score half of each round (``rounds.sample_round``) while this loop trains, and this loop runs the
+other half (``rounds.finish_round``) and pushes its weights every ``weight_sync_steps``.
 """
 
 from __future__ import annotations

@@ -74,10 +74,10 @@ class AsyncRounds:
         self.wanted = max(0, math.ceil(total_steps / steps_per_round) - self.first_round)
         self.received, self.step, self.log = 0, start_step, StalenessLog(cfg.max_staleness)
         self.proc: Any = None
-        self.sender = Sender(self.timeout_s)
         blob = _pickle_spec(worker_mod.WorkerSpec(
             cfg, _cpu_copy(ctx.model), ctx.tokenizer, ctx.rows, ctx.scorer, _agent_for_worker(ctx), stream, self.first_round,
             self.wanted, steps_per_round, start_step, total_steps, self.rank))
+        self.sender = Sender(self.timeout_s)  # after the checks: nothing to undo when the spec cannot cross
         mp = torch.multiprocessing.get_context("spawn")
         self.ctl, self.out = mp.Queue(), mp.Queue(maxsize=cfg.max_staleness // steps_per_round + 1)
         # not a daemon: the worker may start processes of its own (sandboxed tools); close() always stops it
