@@ -33,3 +33,29 @@ def pid_reward(completions, **kwargs):
 
 def reward(completions, **kwargs):
     return char_reward(completions)
+
+
+SYNCS = 0  # in the worker: how many times its backend was given new weights
+
+
+class SyncCountingBackend:
+    """The transformers backend, counting ``sync_weights`` calls in the process it runs in
+    (``rollout_backend: "pipeline_helpers:SyncCountingBackend"``)."""
+
+    def __init__(self, model, tokenizer, **kwargs):
+        from grouprl.rollout.hf import TransformersBackend
+
+        self.inner = TransformersBackend(model, tokenizer, **kwargs)
+
+    def sync_weights(self, model):
+        global SYNCS
+        SYNCS += 1
+        self.inner.sync_weights(model)
+
+    def generate(self, prompts, n, params):
+        return self.inner.generate(prompts, n, params)
+
+
+def syncs_so_far(completions, **kwargs):
+    """The reward of every completion: how many weight versions the sampling backend had been given."""
+    return [float(SYNCS)] * len(completions)

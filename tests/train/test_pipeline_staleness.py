@@ -80,9 +80,10 @@ def test_async_config_is_checked_before_anything_loads():
         GRPOConfig(async_timeout_s=0)
     with pytest.raises(ConfigError, match="only the GRPO-family loop runs a rollout worker"):
         GRPOConfig(algorithm="ppo", max_staleness=1)
-    with pytest.raises(ConfigError, match="rollout_backend='vllm'"):
+    with pytest.raises(ConfigError, match="rollout_backend='vllm' and vllm_mode='colocate'.*Fix: vllm_mode: server"):
         GRPOConfig(max_staleness=1, rollout_backend="vllm")
     # the worker reports behaviour log-probs: the corrections apply with the transformers backend
     assert GRPOConfig(max_staleness=2, weight_sync_steps=3, rollout_correction="mask").max_staleness == 2
+    assert GRPOConfig(max_staleness=1, rollout_backend="vllm", vllm_mode="server").max_staleness == 1
     with pytest.raises(ConfigError, match="no mismatch"):
         GRPOConfig(rollout_correction="tis")  # synchronous: nothing to correct, as before

@@ -272,10 +272,10 @@ def check_async(cfg: Any) -> None:
                           f"worker would need weights newer than the last push to produce a round the bound "
                           f"admits (the run would stall). Fix: weight_sync_steps <= {cfg.max_staleness + 1}, "
                           f"or max_staleness >= {cfg.weight_sync_steps - 1}.")
-    if cfg.rollout_backend == "vllm":
-        raise ConfigError(f"max_staleness={cfg.max_staleness} with rollout_backend='vllm': the rollout worker is a "
-                          f"CPU process over the transformers backend or an Engine plug-in. Fix: max_staleness: 0 "
-                          f"with vllm, or rollout_backend: transformers.")
+    if cfg.rollout_backend == "vllm" and cfg.vllm_mode != "server":
+        raise ConfigError(f"max_staleness={cfg.max_staleness} with rollout_backend='vllm' and vllm_mode="
+                          f"{cfg.vllm_mode!r}: the rollout worker is a separate CPU process; it drives a vLLM "
+                          f"engine only as a `grouprl vllm-serve` server. Fix: vllm_mode: server, or max_staleness: 0.")
 
 
 def check_rollout_engine(cfg: Any) -> None:

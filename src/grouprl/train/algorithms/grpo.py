@@ -17,7 +17,9 @@ Processes: ``accelerate launch`` runs one copy per rank; ``train.parallel.ranks`
 out the prompts, sums gradients and keeps logging / evaluation / checkpoint writing on rank 0.
 The transformers backend generates with the training weights themselves; an engine with its own copy (vLLM)
 gets ``sync_weights`` once per generation round, before it generates (and before each evaluation), not
-after every optimizer step.
+after every optimizer step. With ``max_staleness`` >= 1 a rollout worker process (``train.pipeline``) runs the
+generate-and-score half of each round (``rounds.sample_round``) while this loop trains, and this loop runs the
+other half (``rounds.finish_round``) and pushes its weights every ``weight_sync_steps``.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from grouprl.train.engine.precision import resolve_rollout_dtype
 from grouprl.train.engine.step import LossSpec, SkipGuard, mismatch_correction, optimizer_step
 from grouprl.train.metrics import Timers, report_step
 from grouprl.train.parallel import ranks as dist
-from grouprl.train.pipeline import open_pipeline
+from grouprl.train.pipeline import eval_backend, open_pipeline
 from grouprl.train.score import RewardScorer
 
 __all__ = ["Round", "advantage_function", "plan_steps", "save_final", "should_save", "train"]
@@ -92,7 +94,7 @@ def train(cfg: GRPOConfig, model: Any, tokenizer: Any, train_rows: Any, eval_row
     ctx.step = run.step
     run_eval = ranks.sharding.with_full_weights(  # FSDP: every rank unshards, rank 0 evaluates
         model, partial(evaluate_and_log, cfg, model, tokenizer, eval_rows if ranks.is_main else None,
-                       eval_reward_fn, logger, run.evals, backend=ctx.backend, agent=ctx.agent))
+                       eval_reward_fn, logger, run.evals, backend=eval_backend(ctx), agent=ctx.agent))
     watch = RewardWatch(ctx.scorer.names, cfg.max_rounds_without_reward)
     save = partial(save_state, ctx, ranks, stream, optimizer, scheduler, run, guard, steps_per_round)
     stop = GracefulStop().install()  # Ctrl-C / SIGTERM: finish this optimizer step, save, stop

@@ -14,6 +14,6 @@ gloo group, and trains a round sampled by version ``v`` no later than version ``
 The objective and its equations: docs/ALGORITHMS.md, "Asynchronous GRPO".
 """
 
-from grouprl.train.pipeline.driver import AsyncRounds, RolloutWorkerError, open_pipeline
+from grouprl.train.pipeline.driver import AsyncRounds, RolloutWorkerError, eval_backend, open_pipeline
 
-__all__ = ["AsyncRounds", "RolloutWorkerError", "open_pipeline"]
+__all__ = ["AsyncRounds", "RolloutWorkerError", "eval_backend", "open_pipeline"]

@@ -43,7 +43,23 @@ def open_pipeline(ctx: RunContext, ranks: Any, stream: Any, start_step: int, ste
         raise ConfigError(f"max_staleness={cfg.max_staleness} with dynamic_sampling='resample' on {ranks.world} "
                           f"processes: the ranks' workers would redraw prompts out of lock-step. Fix: "
                           f"dynamic_sampling: drop (or none), or one process.")
+    if ranks.enabled and cfg.rollout_backend == "vllm":
+        raise ConfigError(f"max_staleness={cfg.max_staleness} with a vLLM server on {ranks.world} processes: each "
+                          f"rank's worker would push its weights into the one server. Fix: one process, or "
+                          f"max_staleness: 0.")
     return AsyncRounds(ctx, ranks, stream, start_step, steps_per_round, total_steps)
+
+
+def eval_backend(ctx: RunContext) -> Any:
+    """What the trainer evaluates with: its rollout backend, except when a rollout worker drives a vLLM
+    server -- pushing the trainer's weights into that server before an evaluation would change the weights
+    the worker samples with. The trainer then evaluates with the transformers backend over its own weights."""
+    cfg = ctx.cfg
+    if not (cfg.max_staleness and cfg.rollout_backend == "vllm"):
+        return ctx.backend
+    from grouprl.rollout import make_backend
+
+    return make_backend("transformers", ctx.model, ctx.tokenizer, lean_sampler=cfg.lean_sampler)
 
 
 class AsyncRounds:
@@ -58,10 +74,10 @@ class AsyncRounds:
         self.wanted = max(0, math.ceil(total_steps / steps_per_round) - self.first_round)
         self.received, self.step, self.log = 0, start_step, StalenessLog(cfg.max_staleness)
         self.proc: Any = None
-        self.sender = Sender(self.timeout_s)
         blob = _pickle_spec(worker_mod.WorkerSpec(
             cfg, _cpu_copy(ctx.model), ctx.tokenizer, ctx.rows, ctx.scorer, _agent_for_worker(ctx), stream, self.first_round,
             self.wanted, steps_per_round, start_step, total_steps, self.rank))
+        self.sender = Sender(self.timeout_s)  # after the checks: nothing to undo when the spec cannot cross
         mp = torch.multiprocessing.get_context("spawn")
         self.ctl, self.out = mp.Queue(), mp.Queue(maxsize=cfg.max_staleness // steps_per_round + 1)
         # not a daemon: the worker may start processes of its own (sandboxed tools); close() always stops it

@@ -23,7 +23,9 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -84,6 +86,10 @@ def main(spec_blob: bytes, port: int, ctl: Any, out: Any) -> None:
     for name in _CLEARED_ENV:  # this process is no training rank: grouprl.train.parallel sees one process
         os.environ.pop(name, None)
     torch.set_num_threads(1)
+    # Ctrl-C reaches the whole process group: the trainer finishes its step, saves and stops this worker
+    # (run/signals.py); dying here first would turn a graceful stop into a worker error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, name="grouprl-worker-watchdog", daemon=True).start()
     worker = None
     try:
         worker = Worker(pickle.loads(spec_blob), port, ctl, out)
@@ -96,6 +102,15 @@ def main(spec_blob: bytes, port: int, ctl: Any, out: Any) -> None:
             out.close()
             out.join_thread()
             sys.exit(1)
+
+
+def _watch_parent() -> None:
+    """End this process within ``POLL_S`` of its trainer's death (kill -9 included), wherever it is blocked
+    (generating, in a reward function, inside a weight broadcast): nobody would train what it produces."""
+    parent = multiprocessing.parent_process()
+    while parent is None or parent.is_alive():
+        time.sleep(POLL_S)
+    os._exit(0)
 
 
 class Worker:
@@ -117,8 +132,11 @@ class Worker:
         self.receiver = Receiver(port, sum(p.numel() for p in self.params), cfg.async_timeout_s)
         self.buffers: dict[int, torch.Tensor] = {}
         self.held: int | None = None
+        from grouprl.rollout.vllm_backend import options_from
+
+        # a vLLM server (vllm_mode: server) is driven from here over HTTP: its weights come from this copy
         backend = make_backend(cfg.rollout_backend, model, spec.tokenizer, lean_sampler=cfg.lean_sampler,
-                               rollout_dtype=resolve_rollout_dtype(cfg, model))
+                               vllm_options=options_from(cfg), rollout_dtype=resolve_rollout_dtype(cfg, model))
         self.ctx = RunContext(cfg, model, spec.tokenizer, backend, spec.scorer, None, None,
                               autocast_factory(cfg.bf16, torch.device("cpu")), spec.rows, spec.start_version,
                               spec.total_steps, sampling_params(cfg), spec.agent)
@@ -184,6 +202,9 @@ class Worker:
         if self.held != version:
             load_flat(self.params, self.buffers[version])
             self.held = version
+            # through the engine interface: a backend with its own copy (the lean sampler's bf16 copy, an
+            # Engine plug-in) takes the new weights now, before it samples the round
+            self.ctx.backend.sync_weights(self.ctx.model)
         self.forget_old()
         set_seed(round_seed(self.cfg.seed, self.next_round, self.spec.rank))
         self.ctx.step = version  # what reward functions see as global_step: the step of the sampling weights
