@@ -66,7 +66,8 @@ def run(recipe: str, k: int, seed: int, steps: int, work: Path, extra: list[str]
     """One ``grouprl train`` child; its figures from metrics.jsonl."""
     out = work / f"{Path(recipe).stem}-k{k}-s{seed}-{len(extra)}"
     cmd = [sys.executable, "-m", "grouprl.cli", "train", "-c", str(ROOT / recipe), f"seed={seed}", f"max_staleness={k}",
-           f"max_steps={steps}", f"output_dir={out}", "eval_steps=0", "save_steps=100000", "report_to=none",
+           f"max_steps={steps}", f"output_dir={out}", "eval_steps=0", "eval_before_train=false",
+           "save_steps=100000", "report_to=none",
            "progress_bar=false", "overwrite_output_dir=true", "resume_from_checkpoint=null", *extra]
     child_env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")) if p)
@@ -185,25 +186,55 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"started_utc": started, "smoke": a.smoke, "settings": {
         "steps": {"default": a.steps, "agent": a.agent_steps, "sim": a.sim_steps}, "seeds": a.seeds,
         "staleness": a.staleness, "threads": "OMP_NUM_THREADS=1 per process"}, "recipes": {}, "runs": []}
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = "_smoke" if a.smoke else ""
+
+    def dump() -> None:  # after each part: a run cut short keeps what it measured
+        report["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        Path(f"{a.out}{suffix}.json").write_text(json.dumps(report, indent=1))
+        note = plot(report, Path(f"{a.out}{suffix}.png"))
+        if note:
+            report["plot"] = note
+
     with tempfile.TemporaryDirectory(prefix="async-overlap-") as tmp:
         work = Path(tmp)
-        for name in a.recipes:
+        for name in a.recipes:  # the default recipe first, then the GPU split built on it, then the agent
             steps = a.steps if name == "default" else a.agent_steps
             runs = [run(RECIPES[name], k, s, steps, work, []) for s in a.seeds for k in a.staleness]
             report["runs"] += runs
             report["recipes"][name] = summarize(runs, a.staleness)
-        if not a.no_sim and "default" in a.recipes:
-            sync_default = [r for r in report["runs"] if r["recipe"] == "default" and r["max_staleness"] == 0]
-            report["sim"] = simulate(a.sim_steps, a.sim_ratio, a.staleness, sync_default, work)
-    report["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    suffix = "_smoke" if a.smoke else ""
-    Path(f"{a.out}{suffix}.json").write_text(json.dumps(report, indent=1))
-    note = plot(report, Path(f"{a.out}{suffix}.png"))
-    if note:
-        report["plot"] = note
+            dump()
+            if name == "default" and not a.no_sim:
+                sync_default = [r for r in runs if r["max_staleness"] == 0]
+                report["sim"] = simulate(a.sim_steps, a.sim_ratio, a.staleness, sync_default, work)
+                dump()
     print(json.dumps(report, indent=1))
+    print(markdown(report))
     return 0
+
+
+def markdown(report: dict) -> str:
+    """The results as the Markdown table of benchmarks/README.md."""
+    lines = ["| recipe | k | training s: mean (per seed) | speedup | bound | of bound | held-out accuracy | "
+             "staleness mean | dropped | process wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in report["recipes"].items():
+        for k, row in s["by_staleness"].items():
+            lines.append(_row(name, k, row, s["bound"]["bound"]))
+    sim = report.get("sim")
+    if sim:
+        lines.append("")
+        lines.append(f"GPU split (generation padded to {sim['gen_s']:.2f} s = {sim['ratio']:.0%} of a synchronous step, "
+                     f"rest {sim['rest_s']:.2f} s; bound {sim['bound']:.3f}x): " +
+                     ", ".join(f"k={k} {v:.3f}x" for k, v in sim["speedup"].items()))
+    return "\n".join(lines)
+
+
+def _row(name: str, k: str, row: dict, bound: float) -> str:
+    acc, share = row["accuracy_range"], row.get("of_bound")
+    per_seed = ", ".join(f"{t:.1f}" for t in row["train_s"])
+    return (f"| {name} | {k} | {row['train_s_mean']:.1f} ({per_seed}) | {row['speedup']:.3f}x | {bound:.3f}x | "
+            f"{'-' if share is None else f'{share:.0%}'} | {f'{acc[0]:.3f}-{acc[1]:.3f}' if acc else '-'} | "
+            f"{row.get('staleness_mean', 0):.2f} | {row.get('dropped', 0)} | {row['wall_s_mean']:.0f} |")
 
 
 if __name__ == "__main__":

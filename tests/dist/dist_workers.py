@@ -213,10 +213,11 @@ def stall_on_rank_1(workdir: str) -> dict[str, Any]:
 KILL_RUN = dict(max_steps=6, save_steps=3, logging_steps=1)  # tests/dist/test_dist_kill_resume.py
 
 
-def run_training_killed(kill: str, model_dir: str, output_dir: str, resume: Any = None) -> dict[str, Any]:
+def run_training_killed(kill: str, model_dir: str, output_dir: str, resume: Any = None,
+                        max_staleness: int = 0) -> dict[str, Any]:
     """:func:`run_training` of :data:`KILL_RUN` with a SIGKILL armed (``tests/train/kill_points.py``:
     ``"<point>:<n>:<rank>"``; ``""`` = none)."""
     import kill_points  # tests/train, on the path of the test that spawns this rank
 
     kill_points.install(kill)
-    return run_training(model_dir, output_dir, resume=resume, **KILL_RUN)
+    return run_training(model_dir, output_dir, resume=resume, max_staleness=max_staleness, **KILL_RUN)

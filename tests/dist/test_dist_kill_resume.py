@@ -74,3 +74,20 @@ def test_sigkill_of_one_rank_then_resume_on_two_trains_every_prompt_once(kill, r
     for a, b in zip(full_records, records):
         for key in COMPARED:
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+
+
+@pytest.mark.slow
+def test_async_rank_killed_while_its_worker_runs_ahead_resumes_on_two_exactly_once(tiny_model_dir, tmp_path):
+    """max_staleness 2 on 2 ranks (a rollout worker per rank): rank 1 killed in step 4 while rounds are queued;
+    the resume on 2 trains every ordinal once. (Its numbers after checkpoint-3 are not the uninterrupted
+    run's: the rounds in flight are sampled again with checkpoint-3's weights, tests/train/test_kill_resume.py.)"""
+    out = tmp_path / "killed"
+    res = run_ranks(run_training_killed, 2, "clip:4:1", str(tiny_model_dir), str(out), None, 2, workdir=tmp_path / "a",
+                    timeout=400, collective_timeout=60)
+    assert res[1].exitcode == -9 and res[0].exitcode == 0 and res[0].value["error"], res
+    values(run_ranks(run_training_killed, 2, "", str(tiny_model_dir), str(out), True, 2, workdir=tmp_path / "b",
+                     timeout=400))
+    rounds = _check(out)
+    assert [(r.first, r.last) for r in rounds] == [(0, 3), (4, 7), (8, 11)]
+    records = _records(out)
+    assert all(r["async/dropped"] == 0 for r in records) and max(r["async/staleness_max"] for r in records) >= 1

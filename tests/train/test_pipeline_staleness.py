@@ -8,7 +8,6 @@ import pytest
 from grouprl import GRPOConfig
 from grouprl.data.stream import PromptStream
 from grouprl.errors import ConfigError
-from grouprl.train.algorithms.rounds import next_ordinals
 from grouprl.train.parallel.shares import RankStream
 from grouprl.train.pipeline.staleness import StalenessLog, first_step, pushes_at, round_seed, target_version
 
@@ -59,14 +58,15 @@ def test_ordinals_count_every_prompt_drawn():
     s = PromptStream(num_rows=7, batch=3, seed=0)  # 2 draws per epoch, the 7th row skipped
     got = []
     for _ in range(5):
-        got.append(next_ordinals(s))
         s.next()
+        got.append(s.last_ordinals)
     assert got == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11], [12, 13, 14]]
     g = PromptStream(num_rows=8, batch=4, seed=0)
     r1 = RankStream(g, rank=1, world=2)
-    assert next_ordinals(r1) == [2, 3]
     r1.next()
-    assert next_ordinals(RankStream(g, rank=0, world=2)) == [4, 5] and next_ordinals(r1) == [6, 7]
+    assert r1.last_ordinals == [2, 3]
+    r1.next()
+    assert RankStream(g, rank=0, world=2).last_ordinals == [4, 5] and r1.last_ordinals == [6, 7]
 
 
 def test_async_config_is_checked_before_anything_loads():

@@ -70,8 +70,9 @@ class Round:
     micro_batches: list[MicroBatch]
     metrics: dict[str, float]
     samples: list[dict] = field(default_factory=list)
-    ordinals: list[int] | None = None  # [N] the prompt ordinal (data/stream.py) of each row, in micro-batch order
-    frontier: int | None = None  # prompts drawn up to and including this round's (its dynamic-sampling redraws)
+    # keyword-only: a subclass's own fields (ppo.PPORound's targets) keep their places
+    ordinals: list[int] | None = field(default=None, kw_only=True)  # [N] each row's prompt ordinal (data/stream.py)
+    frontier: int | None = field(default=None, kw_only=True)  # prompts drawn up to and including this round's
 
 
 @dataclass
