@@ -14,9 +14,9 @@ from grouprl.envs.guess_number import PROMPT, GuessNumberEnv, solved
 def test_feedback_and_reward():
     env = GuessNumberEnv()
     assert env.reset(secret=6, prompt=[{"role": "user", "content": "Play."}]) is None  # the row has a prompt
-    assert env.step("I guess 4") == ("higher: 5 to 8", None, False)  # the reply and the range left
+    assert env.step(" 4\n") == ("higher: 5 to 8", None, False)  # the reply and the range left
     assert env.step("no idea") == ("Reply with one number from 5 to 8.", None, False)  # a guess all the same
-    assert env.step("7, or maybe 8") == ("lower: 5 to 7", None, False)  # the last integer counts
+    assert env.step("8") == ("lower: 5 to 7", None, False)
     assert env.step("6") == (None, None, True)
     assert env.solved and env.guesses == 4 and env.get_reward() == pytest.approx(0.7)  # 1 - 0.1 * 3
     env.reset(secret=2)
@@ -26,6 +26,14 @@ def test_feedback_and_reward():
         assert env.step("1")[2] is False
     assert env.step("1") == (None, None, True) and not env.solved and env.get_reward() == 0.0  # out of guesses
     assert (env.lo, env.hi) == (2, 8)  # the same wrong guess four times narrows the range once
+
+
+@pytest.mark.parametrize("turn", ["I guess 6", "x6", "6 or 7", "6.", "<think>6</think>"])
+def test_a_turn_that_is_not_one_number_costs_a_guess(turn):
+    env = GuessNumberEnv()
+    env.reset(secret=6)
+    assert env.step(turn) == ("Reply with one number from 1 to 8.", None, False)  # the 6 in it does not count
+    assert env.guesses == 1 and not env.solved and (env.lo, env.hi) == (1, 8)
 
 
 def test_the_range_left_ignores_guesses_outside_it():
