@@ -71,3 +71,19 @@ def test_demonstrations_bisect_or_guess_at_random():
     _, rate = demo_examples(SimpleNamespace(seed=0, sft_rows=2000, noise=0.7))
     # 30% bisect (always win) + 70% random with replacement (win 1 - (7/8)^4 = 0.414): 0.3 + 0.7 * 0.414 = 0.59
     assert rate == pytest.approx(0.3 + 0.7 * (1 - (7 / 8) ** 4), abs=0.03)
+
+
+def test_game_warm_start_builds_and_plays_the_ranged_replies(tmp_path):
+    """builtin:guess-number's build path (its tokenizer, the chat demonstrations) on a 3-step SFT."""
+    from transformers import AutoTokenizer
+
+    from grouprl.builtin.warmstart import builtin_model_path, get_warmstart
+
+    assert get_warmstart("guess-number").demo_version == 1  # the demonstrations carry the ranged replies
+    path = builtin_model_path("guess-number", cache_dir=tmp_path, hidden_size=32, num_layers=1, num_heads=2,
+                              num_kv_heads=1, sft_rows=64, sft_steps=3, batch_size=4)
+    tok = AutoTokenizer.from_pretrained(path)
+    messages, _ = game(7, True, random.Random(0))
+    ids = tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids).count("higher") == 3  # one token each: the prompt and two replies
+    assert tok.decode(ids, skip_special_tokens=True).count("5 to 8") == 1
