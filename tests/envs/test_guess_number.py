@@ -14,9 +14,9 @@ from grouprl.envs.guess_number import PROMPT, GuessNumberEnv, solved
 def test_feedback_and_reward():
     env = GuessNumberEnv()
     assert env.reset(secret=6, prompt=[{"role": "user", "content": "Play."}]) is None  # the row has a prompt
-    assert env.step("I guess 4") == ("higher: 5 to 8", None, False)  # the reply and the range left
+    assert env.step(" 4\n") == ("higher: 5 to 8", None, False)  # the reply and the range left
     assert env.step("no idea") == ("Reply with one number from 5 to 8.", None, False)  # a guess all the same
-    assert env.step("7, or maybe 8") == ("lower: 5 to 7", None, False)  # the last integer counts
+    assert env.step("8") == ("lower: 5 to 7", None, False)
     assert env.step("6") == (None, None, True)
     assert env.solved and env.guesses == 4 and env.get_reward() == pytest.approx(0.7)  # 1 - 0.1 * 3
     env.reset(secret=2)
@@ -26,6 +26,14 @@ def test_feedback_and_reward():
         assert env.step("1")[2] is False
     assert env.step("1") == (None, None, True) and not env.solved and env.get_reward() == 0.0  # out of guesses
     assert (env.lo, env.hi) == (2, 8)  # the same wrong guess four times narrows the range once
+
+
+@pytest.mark.parametrize("turn", ["I guess 6", "x6", "6 or 7", "6.", "<think>6</think>"])
+def test_a_turn_that_is_not_one_number_costs_a_guess(turn):
+    env = GuessNumberEnv()
+    env.reset(secret=6)
+    assert env.step(turn) == ("Reply with one number from 1 to 8.", None, False)  # the 6 in it does not count
+    assert env.guesses == 1 and not env.solved and (env.lo, env.hi) == (1, 8)
 
 
 def test_the_range_left_ignores_guesses_outside_it():
@@ -63,3 +71,19 @@ def test_demonstrations_bisect_or_guess_at_random():
     _, rate = demo_examples(SimpleNamespace(seed=0, sft_rows=2000, noise=0.7))
     # 30% bisect (always win) + 70% random with replacement (win 1 - (7/8)^4 = 0.414): 0.3 + 0.7 * 0.414 = 0.59
     assert rate == pytest.approx(0.3 + 0.7 * (1 - (7 / 8) ** 4), abs=0.03)
+
+
+def test_game_warm_start_builds_and_plays_the_ranged_replies(tmp_path):
+    """builtin:guess-number's build path (its tokenizer, the chat demonstrations) on a 3-step SFT."""
+    from transformers import AutoTokenizer
+
+    from grouprl.builtin.warmstart import builtin_model_path, get_warmstart
+
+    assert get_warmstart("guess-number").demo_version == 1  # the demonstrations carry the ranged replies
+    path = builtin_model_path("guess-number", cache_dir=tmp_path, hidden_size=32, num_layers=1, num_heads=2,
+                              num_kv_heads=1, sft_rows=64, sft_steps=3, batch_size=4)
+    tok = AutoTokenizer.from_pretrained(path)
+    messages, _ = game(7, True, random.Random(0))
+    ids = tok(tok.apply_chat_template(messages, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids).count("higher") == 3  # one token each: the prompt and two replies
+    assert tok.decode(ids, skip_special_tokens=True).count("5 to 8") == 1
