@@ -61,7 +61,8 @@ def test_the_recipe_runs_with_its_own_served_judge(tmp_path, tiny_model_dir, tin
 @pytest.mark.slow
 def test_the_recipe_with_its_built_in_models(tmp_path):
     """The recipe as shipped (3 steps): the retriever writes supported answers, the judge scores all of them and
-    agrees with the rule (0.827 over the full 20-step run; 3 steps are noisier)."""
+    agrees with the rule (0.827 over the full 20-step run before the answers were fenced; not re-measured with the
+    fenced judge, which agrees on 0.659 of the held-out items of tests/judge/test_builtin_judge.py)."""
     p = _train(tmp_path, "max_steps=3", timeout=3600)
     agreement, judged, no_opinion, rule_correct, supported, _ = _summary(p.stderr)
     assert int(judged) == 3 * 32 + 2 and int(no_opinion) == 0
