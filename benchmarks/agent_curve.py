@@ -16,6 +16,12 @@ curve to JSON and a PNG::
 thread each; warm-start seed s is ``builtin:calculator`` built with ``seed=s``, cached), writes each cell
 to ``<out>_cells/ws<W>_rl<R>.json`` (``--reuse`` keeps existing ones) and then one JSON with the per-seed
 table (held-out accuracy sampled and greedy, tool calls, before/after) and its spread, and a PNG.
+The recipe's own figures (its header, docs/CHOOSING.md) are one command each::
+
+    OMP_NUM_THREADS=1 python benchmarks/agent_curve.py --grid --ws-seeds 0 1 2 --rl-seeds 0 1 2 --jobs 1 \
+        --eval-steps 25 --out benchmarks/results/agent_calculator_grid.json
+    ... the same with advantage=grpo "advantage_kwargs={}" --out benchmarks/results/agent_calculator_grid_grpo.json
+
 benchmarks/results/agent_calculator_before_issue28.{json,png} is the single-run curve of the earlier
 recipe design (60 steps, 50% tool demonstrations), measured on another machine.
 

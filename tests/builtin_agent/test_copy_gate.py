@@ -94,3 +94,12 @@ def test_gate_enters_the_cache_key_only_when_set():
     assert WARMSTARTS["calculator"].copy_gate == 0.9
     assert replace(WARMSTARTS["calculator"], copy_gate=0.8).digest() != WARMSTARTS["calculator"].digest()
     assert WARMSTARTS["arithmetic"].digest() == "dbefbc085491"  # fields at their defaults leave old keys alone
+
+
+def test_a_gate_where_it_cannot_apply_is_a_clear_error(tok):
+    from grouprl.builtin.warmstart import _gate
+
+    with pytest.raises(ValueError, match="environment='calculator' \\(got 'judge'\\)"):
+        _gate(replace(WARMSTARTS["judge"], copy_gate=0.9), tok)
+    with pytest.raises(ValueError, match=r"copy_gate=1.5 .* needs a value in \(0, 1\]"):
+        _gate(replace(SPEC, copy_gate=1.5), tok)

@@ -8,7 +8,9 @@ the next generation prompt (mask 0: what the environment and the template add). 
 assistant tokens in the very context the rollout will show, and never learns to predict a tool's reply.
 Hand-written because the rollout's own helpers (:mod:`grouprl.rollout.chat`) sit above this package.
 
-Used by :func:`grouprl.builtin.warmstart.build_warmstart` for a :class:`WarmStart` with ``environment``.
+Used by :func:`grouprl.builtin.warmstart.build_warmstart` for a :class:`WarmStart` with ``environment``,
+which also stops its SFT at the quality gate :func:`copy_gate` (the demonstrated tool use, solved greedily
+on unseen problems) when ``copy_gate`` is set.
 """
 
 from __future__ import annotations

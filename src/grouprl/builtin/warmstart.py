@@ -111,11 +111,9 @@ class WarmStart:
     changes no weight, only the context ``grouprl serve`` and generation allow: the judge, whose prompts
     hold a fenced answer, declares more than the 512 of the other built-in models."""
     copy_gate: float = 0.0
-    """With ``environment`` (calculator): a quality gate instead of a fixed step count. Every ``gate_every``
-    steps the SFT measures the demonstration module's ``demo_gate`` (for the calculator: the fraction of 64
-    unseen problems the model solves greedily once it calls, :func:`grouprl.builtin.agent_demos.copy_gate`)
-    and stops as soon as it reaches ``copy_gate``; ``sft_steps`` is then the cap (and the length of the
-    cosine schedule). 0: no gate, exactly ``sft_steps`` steps."""
+    """Calculator: stop the SFT at the first check (every ``gate_every`` steps) where
+    :func:`grouprl.builtin.agent_demos.copy_gate` reaches this; ``sft_steps`` is then the cap (and the
+    cosine schedule's length). 0: exactly ``sft_steps`` steps."""
     gate_every: int = 100
 
     def digest(self) -> str:
@@ -139,9 +137,8 @@ WARMSTARTS: dict[str, WarmStart] = {
     # 90% of the demonstrations copy an expression into a call and its reply into the answer (the skill);
     # only 2.5% of those train the choice to call, so the warm start calls in about a third of its samples
     # (the policy GRPO then learns). Direct answers train "Answer: " but not digits the model cannot compute.
-    # A quality gate, not a step count: the copy is learned in a transition whose step depends on the seed and
-    # the CPU's rounding (at 2,000 fixed steps one seed of three did not copy), so the SFT runs until 90% of
-    # unseen problems are solved greedily once the model calls (agent_demos.copy_gate), capped at 5,000 steps.
+    # A quality gate, not a step count: where the copy is learned depends on the seed and the CPU's rounding
+    # (at 2,000 fixed steps one seed of three did not copy); the SFT stops once copy_gate >= 0.9, cap 5,000.
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.9, noise=0.0,
                             no_tools_fraction=0.5, sft_rows=16000, sft_steps=5000, mask_direct_digits=True,
                             decision_fraction=0.025, copy_gate=0.9),
@@ -204,7 +201,7 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
 
     with building(target, INFO_FILE) as tmp:
         tmp.chmod(0o755)
-        steps = f"SFT until copy gate {spec.copy_gate:g}, at most {spec.sft_steps} steps" if spec.copy_gate else \
+        steps = f"SFT to copy gate {spec.copy_gate:g}, <= {spec.sft_steps} steps" if spec.copy_gate else \
             f"{spec.sft_steps} SFT steps"
         print(f"grouprl: building builtin:{name} (tiny Qwen2 + {steps}, once; cached in {target})",
               file=sys.stderr, flush=True)
@@ -327,7 +324,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         else:
             examples, demo_accuracy = sft_examples(spec)
             encoded = _encode(tok, examples)
-        gate = _demos(spec.environment).demo_gate(spec, tok) if spec.copy_gate else None
+        gate = _gate(spec, tok) if spec.copy_gate else None
         losses, checks = _sft(model, encoded, spec, pad_id=tok.pad_token_id, gate=gate)
     model.eval()
     out = save_tiny(out_dir, tok, model)
@@ -339,7 +336,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         "sft_loss_first": losses[0],
         "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]),
         "build_seconds": round(time.perf_counter() - t0, 1),
-        **({"sft_steps_run": len(losses), "gate": checks, "gate_passed": bool(checks) and checks[-1][1] >= spec.copy_gate}
+        **({"sft_steps_run": len(losses), "gate": checks, "gate_passed": checks[-1][1] >= spec.copy_gate}
            if gate else {}),
         "torch": torch.__version__,
         "files": file_digests(Path(out)),
@@ -357,6 +354,15 @@ def _demos(environment: str):
     if environment not in modules:
         raise ValueError(f"WarmStart.environment={environment!r}: known demonstrations: {', '.join(modules)}")
     return modules[environment]
+
+
+def _gate(spec: WarmStart, tok):
+    """The ``score(model)`` of a gated build; a clear error where ``copy_gate`` cannot apply."""
+    demos = _demos(spec.environment) if spec.environment else None
+    if not hasattr(demos, "demo_gate") or not 0 < spec.copy_gate <= 1 or spec.gate_every < 1:
+        raise ValueError(f"WarmStart.copy_gate={spec.copy_gate!r} (gate_every={spec.gate_every!r}) needs a value in "
+                         f"(0, 1], gate_every >= 1 and environment='calculator' (got {spec.environment!r})")
+    return demos.demo_gate(spec, tok)
 
 
 def _sft(model, encoded, spec: WarmStart, *, pad_id: int, gate=None) -> tuple[list[float], list[list[float]]]:
