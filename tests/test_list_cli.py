@@ -45,7 +45,7 @@ def test_list_shows_the_built_in_tasks_and_models(wide, capsys):
     assert main(["list", "tasks"]) == 0
     out = capsys.readouterr().out
     rows = {line.split("│")[0].strip(): line.split("│")[1].strip() for line in out.splitlines() if "│" in line}
-    assert sorted(rows) == sorted(TASKS) == ["arithmetic", "calculator", "countdown", "retrieval"]
+    assert sorted(rows) == sorted(TASKS) == ["arithmetic", "calculator", "code_repair", "countdown", "retrieval"]
     assert rows["countdown"].endswith("trains on countdown (dataset: builtin:countdown).")
     assert main(["list", "models"]) == 0
     out = capsys.readouterr().out

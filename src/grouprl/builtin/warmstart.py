@@ -89,7 +89,9 @@ class WarmStart:
     environment: str = ""
     """``""``: single-turn text demonstrations (prompt + completion). ``"calculator"``: chat
     demonstrations for the multi-turn rollout, some calling the calculator tool (see ``tool_fraction``);
-    ``noise`` is then the fraction of tool calls with a mistyped expression."""
+    ``noise`` is then the fraction of tool calls with a mistyped expression. ``"python"``: code-repair chats
+    (grouprl.builtin.code_demos), ``noise`` the fraction of failed test runs after which a demonstration stops
+    instead of editing again."""
     tool_fraction: float = 0.0
     """With ``environment``: fraction of demonstrations that call the tool; the others answer directly."""
     no_tools_fraction: float = 0.0

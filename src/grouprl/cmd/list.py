@@ -68,6 +68,6 @@ def extra_sections() -> dict[str, Section]:
         tasks[name] = f"{doc}; trains on {', '.join(task.reward_funcs)} (dataset: builtin:{name})."
     warm = import_module("grouprl.builtin").warmstart.WARMSTARTS
     models = {name: (f"{w.num_layers}-layer, {w.hidden_size}-wide model, SFT-warm-started on builtin:{w.task}"
-                     f"{f' with {w.noise:.0%} wrong demonstrations' if w.noise else ''}; built on first use, no "
+                     f"{f' with {w.noise:.0%} demonstration noise (WarmStart.noise)' if w.noise else ''}; built on first use, no "
                      f"download (model: builtin:{name}).") for name, w in warm.items()}
     return {"tasks": Section("dataset: builtin:<name>", tasks), "models": Section("model: builtin:<name>", models)}

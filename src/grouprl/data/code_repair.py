@@ -77,7 +77,9 @@ def _cases(rng: random.Random, family: str, num_tests: int) -> list[tuple[int, i
 
 
 def make_code_repair(rng: random.Random, *, num_tests: int = 3, functions: list[str] | None = None) -> dict[str, Any]:
-    """One buggy file and its ``num_tests`` tests (see the module docstring); ``functions`` limits the names.
+    """A one-line function with a wrong operator and ``num_tests`` assert tests, for the python environment.
+
+    ``functions`` limits the names (default: all of :data:`FUNCTIONS`).
 
     ``work`` keeps what the demonstrations need: the function, its arguments, the right and the wrong
     operator and the test cases (:func:`grouprl.data.tasks.load_task` drops it).

@@ -53,8 +53,10 @@ def _final_file_score(environments: Any, env_state: Any) -> float | None:
 @REWARDS.register("tests_passed")
 def tests_passed_reward(completion: str, *, answer=None, environments: Any = None, env_state: Any = None,
                         **meta) -> float | None:
-    """k/n of the trajectory's final file (see the module docstring); ``None`` when nothing says (no
-    environment object and no test run in ``env_state``, or the sandbox itself failed).
+    """Fraction of the row's tests that the final file of a repair trajectory passes (k/n).
+
+    See the module docstring; ``None`` when nothing says (no environment object and no test run in
+    ``env_state``, or the sandbox itself failed).
 
     >>> tests_passed_reward("Done.", env_state={"passed": 2, "total": 3})
     0.6666666666666666
@@ -77,8 +79,10 @@ def format_score(model_turns: list | None, tool_calls: list | None) -> float:
 def code_repair_reward(completion: str, *, answer=None, include_accuracy: bool = True, max_edits: int = 3,
                        max_iterations: int = 5, model_turns: list | None = None, tool_calls: list | None = None,
                        env_state: Any = None, environments: Any = None, **meta) -> float | None:
-    """The code template's weighted total on a repair trajectory (module docstring); ``None`` when the
-    accuracy is unknown (see :func:`tests_passed_reward`) and ``include_accuracy`` is on.
+    """The code template's weighted total on a repair trajectory (0.5 k/n + 0.1 format + 0.25 efficiency + 0.15 safety).
+
+    See the module docstring; ``None`` when the accuracy is unknown (see :func:`tests_passed_reward`) and
+    ``include_accuracy`` is on.
 
     >>> calls = [{"name": "view", "arguments": {}, "error": None}, {"name": "edit", "arguments": {}, "error": None},
     ...          {"name": "run_tests", "arguments": {}, "error": None}]
