@@ -19,6 +19,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # user's ~/.cache/grouprl. GROUPRL_TEST_CACHE picks another folder. Subprocesses of the tests inherit it.
 TEST_CACHE = Path(os.environ.get("GROUPRL_TEST_CACHE") or Path(__file__).resolve().parents[1] / ".cache" / "grouprl-test")
 os.environ["GROUPRL_CACHE"] = str(TEST_CACHE)
+# torch JIT extensions (DeepSpeed CPU ops) are built into the test cache too, never ~/.cache/torch_extensions
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(TEST_CACHE / "torch_extensions"))
 
 
 @pytest.fixture(scope="session")

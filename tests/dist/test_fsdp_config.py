@@ -82,3 +82,19 @@ def test_the_example_accelerate_config_is_fsdp2_and_is_the_one_documented():
     assert config.fsdp_config["fsdp_offload_params"] is False  # offloading is refused
     body = "".join(line for line in path.read_text().splitlines(keepends=True) if not line.startswith("#"))
     assert f"```yaml\n{body}```" in (root / "docs" / "DISTRIBUTED.md").read_text()
+
+
+def test_a_stale_deepspeed_build_lock_is_an_error_naming_the_file(tmp_path):
+    """A build killed mid-way leaves ``lock``; torch's cpp_extension would wait on it forever."""
+    import os
+
+    from grouprl.errors import GroupRLError
+    from grouprl.train.parallel.deepspeed import STALE_LOCK_S, check_build_locks
+
+    lock = tmp_path / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    mtime = os.path.getmtime(lock)
+    check_build_locks(str(tmp_path), now=mtime + STALE_LOCK_S - 1)  # a build in progress: no error
+    with pytest.raises(GroupRLError, match=r"deepspeed_shm_comm/lock.*Fix: delete it"):
+        check_build_locks(str(tmp_path), now=mtime + STALE_LOCK_S + 60)

@@ -239,6 +239,29 @@ def gathered(engine: Any) -> Iterator[None]:
             offload._register_deepspeed_module(root, count=[0])
 
 
+STALE_LOCK_S = 600.0
+"""A JIT build lock older than this is left by a killed build: DeepSpeed's CPU ops (``deepspeed_shm_comm``)
+are compiled by torch's cpp_extension, which waits on an existing ``lock`` file with no deadline."""
+
+
+def check_build_locks(root: str | None = None, now: float | None = None) -> None:
+    """Refuse to start when a torch extension build lock is stale (a build killed mid-way leaves it, and every
+    later ZeRO run on that machine would wait forever); the error names the file and the fix."""
+    import glob
+    import time
+
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = root or os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    now = time.time() if now is None else now
+    for lock in sorted(glob.glob(os.path.join(root, "*", "*", "lock")) + glob.glob(os.path.join(root, "*", "lock"))):
+        age = now - os.path.getmtime(lock)
+        if age > STALE_LOCK_S:
+            raise GroupRLError(f"DeepSpeed's op build would wait forever: {lock} is a build lock left {age / 60:.0f} "
+                               f"min ago by a build that was killed. Fix: delete it (rm {lock}) if no build "
+                               "of that op is running, and start again.")
+
+
 class ZeRO(Strategy):
     """The DeepSpeed ZeRO-2/3 sharding strategy of a :class:`~grouprl.train.parallel.ranks.Ranks` (held by
     composition as ``ranks.sharding``; chosen by ``Ranks.zero_init`` when accelerate's environment asks for
@@ -257,6 +280,7 @@ class ZeRO(Strategy):
         """Wrap ``model`` and ``optimizer`` (already built) in a DeepSpeed ZeRO engine; returns whether it did."""
         import warnings
 
+        check_build_locks()
         import deepspeed
 
         warnings.filterwarnings("ignore", category=FutureWarning,  # once per collective DeepSpeed calls
