@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from grouprl.builtin.agent_demos import copy_gate, gate_rows
+from grouprl.builtin.sft import sft as _sft
 from grouprl.builtin.tiny import build_tokenizer
-from grouprl.builtin.warmstart import INFO_FILE, WARMSTARTS, _sft, builtin_model_path
+from grouprl.builtin.warmstart import INFO_FILE, WARMSTARTS, builtin_model_path
 from grouprl.data.tasks import generate_rows
 
 SPEC = replace(WARMSTARTS["calculator"], sft_rows=200)

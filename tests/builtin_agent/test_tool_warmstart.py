@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from grouprl.builtin.agent_demos import CALCULATOR_TOOLS, conversation_ids, tool_conversation, tool_examples
+from grouprl.builtin.sft import batch as _batch
 from grouprl.builtin.tiny import build_tokenizer
-from grouprl.builtin.warmstart import INFO_FILE, WARMSTARTS, _batch, builtin_model_path
+from grouprl.builtin.warmstart import INFO_FILE, WARMSTARTS, builtin_model_path
 from grouprl.rollout.chat import assistant_turn_ids, prompt_ids, tool_turn_ids
 
 ROW = {"prompt": [{"role": "user", "content": "What is 4817 * 36 + 529?"}], "answer": "173941",
