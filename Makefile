@@ -8,7 +8,7 @@ BENCH_STAMP := $(VENV)/.grouprl-bench-installed
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?= -n 2
 
-.PHONY: setup run test test-all lint bench bench-all check-docs clean sandbox-deps browser-deps
+.PHONY: setup run test test-all lint bench bench-all check-docs curves clean sandbox-deps browser-deps
 
 setup: $(STAMP) sandbox-deps
 
@@ -76,6 +76,13 @@ bench-all: $(BENCH_STAMP)
 CHECK_DOCS_ARGS ?= --jobs 2
 check-docs: setup
 	OMP_NUM_THREADS=1 $(BIN)/python benchmarks/check_docs.py $(CHECK_DOCS_ARGS)
+
+# Every recipe's learning curve (agent_calculator, code_repair, retrieval, guess_number, reasoning_gym), JSON + PNG
+# in benchmarks/results/, one after another, one torch thread each (hours on 2 cores); prints one JSON summary.
+# CURVES_ARGS='--only retrieval --reuse' runs a part and keeps finished cells; '--dry-run' lists the commands.
+CURVES_ARGS ?=
+curves: setup
+	OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(BIN)/python benchmarks/curves.py $(CURVES_ARGS)
 
 # .cache/grouprl-test is the test suite's cache of built models (tests/conftest.py); clean removes it too
 clean:

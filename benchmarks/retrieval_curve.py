@@ -3,7 +3,8 @@ and the built-in judge's agreement with the answer-present rule.
 
     python benchmarks/retrieval_curve.py --seeds 0 1 2     # benchmarks/results/retrieval.{json,png}
     python benchmarks/retrieval_curve.py --judge-only       # only the judge: benchmarks/results/retrieval_judge.json
-    python benchmarks/retrieval_curve.py --judge-from benchmarks/results/retrieval_judge.json --seeds 0 1
+    python benchmarks/retrieval_curve.py --judge-from benchmarks/results/retrieval_judge.json --seeds 0 1 2
+    python benchmarks/retrieval_curve.py ... --reuse       # keep the seeds already in --out (same overrides)
 
 For each RL seed it trains the recipe (``seed=S``, a checkpoint every ``--every`` steps, outputs in
 ``runs/retrieval-curve/``) and then evaluates the warm start, every checkpoint and the final model on every
@@ -206,6 +207,48 @@ def summary(runs: list[dict]) -> dict:
     return out
 
 
+def _previous(out: Path, overrides: list[str]) -> dict | None:
+    """The report already at ``out`` for ``--reuse`` (None when there is none); it must share the overrides."""
+    if not out.exists():
+        return None
+    prev = json.loads(out.read_text())
+    if prev.get("overrides") != overrides:
+        raise SystemExit(f"retrieval_curve.py --reuse: {out} was measured with the overrides {prev.get('overrides')}, "
+                         f"not {overrides}; drop --reuse or choose another --out")
+    return prev
+
+
+def _judge_part(args, previous: dict | None) -> dict:
+    if args.judge_from:
+        return json.loads(Path(args.judge_from).read_text())["judge"]
+    if previous and previous.get("judge"):
+        return previous["judge"]
+    return judge_agreement()
+
+
+def _write(report: dict, out: Path) -> None:
+    report["summary"] = summary(report["runs"])
+    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, out.with_suffix(".png"))
+
+
+def run_seeds(report: dict, args, out: Path, previous: dict | None) -> None:
+    """Train and evaluate each seed (or keep it from ``previous``); the report is written after every seed, so an
+    interrupted run keeps what it did (and ``--reuse`` continues it)."""
+    kept = {r["seed"]: r for r in (previous or {}).get("runs", [])}
+    report["runs"] = []
+    for seed in args.seeds:
+        if seed in kept:
+            print(f"[retrieval_curve] seed {seed}: kept from {out} (--reuse)", file=sys.stderr, flush=True)
+            report["runs"].append(kept[seed])
+        else:
+            report["runs"].append(run_seed(seed, args))
+            print(json.dumps({k: v for k, v in report["runs"][-1].items() if k != "per_step"}), file=sys.stderr,
+                  flush=True)
+        _write(report, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -213,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=4, help="sampled trajectories per question (T=1)")
     ap.add_argument("--judge-only", action="store_true")
     ap.add_argument("--judge-from", help="take the judge part from the JSON of an earlier --judge-only run")
+    ap.add_argument("--reuse", action="store_true", help="keep the seeds (and the judge part) already in --out; "
+                                                         "it must have been written with the same overrides")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "retrieval.json"))
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "retrieval-curve"))
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides for every run")
@@ -222,26 +267,18 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     out = Path(args.out)
+    previous = _previous(out, args.overrides) if args.reuse and not args.judge_only else None
     report: dict = {"recipe": str(RECIPE.relative_to(ROOT)), "overrides": args.overrides, "cpu_count": os.cpu_count(),
                     "load_average_start": [round(x, 2) for x in os.getloadavg()],
-                    "judge": json.loads(Path(args.judge_from).read_text())["judge"] if args.judge_from
-                    else judge_agreement()}
+                    "judge": _judge_part(args, previous)}
     print(json.dumps({"judge": report["judge"]}), file=sys.stderr, flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     if args.judge_only:
         out = out.with_name(out.stem + "_judge.json")
+        report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+        out.write_text(json.dumps(report, indent=2) + "\n")
     else:
-        report["runs"] = []
-        for seed in args.seeds:  # the report is written after every seed: an interrupted run keeps what it did
-            report["runs"].append(run_seed(seed, args))
-            print(json.dumps({k: v for k, v in report["runs"][-1].items() if k != "per_step"}), file=sys.stderr,
-                  flush=True)
-            report["summary"] = summary(report["runs"])
-            report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-            out.write_text(json.dumps(report, indent=2) + "\n")
-            plot(report, out.with_suffix(".png"))
-    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    out.write_text(json.dumps(report, indent=2) + "\n")
+        run_seeds(report, args, out, previous)
     print(json.dumps({"json": str(out), "judge": {k: report["judge"][k] for k in ("heldout", "train_distribution")},
                       **({"summary": report["summary"]} if "summary" in report else {})}, indent=1))
     return 0
