@@ -5,6 +5,7 @@ and the built-in judge's agreement with the answer-present rule.
     python benchmarks/retrieval_curve.py --judge-only       # only the judge: benchmarks/results/retrieval_judge.json
     python benchmarks/retrieval_curve.py --judge-from benchmarks/results/retrieval_judge.json --seeds 0 1 2
     python benchmarks/retrieval_curve.py ... --reuse       # keep the seeds already in --out (same overrides)
+    python benchmarks/retrieval_curve.py --replot          # only redraw the PNG from the JSON at --out
 
 For each RL seed it trains the recipe (``seed=S``, a checkpoint every ``--every`` steps, outputs in
 ``runs/retrieval-curve/``) and then evaluates the warm start, every checkpoint and the final model on every
@@ -177,7 +178,8 @@ def judge_agreement(n_train: int = 200) -> dict:
 
 
 def plot(report: dict, path: Path) -> None:
-    """Citation-checked accuracy per seed against step and training seconds (the learning-curve helper)."""
+    """Citation-checked accuracy per seed (training questions sampled and greedy, held-out sampled) against step
+    and training seconds (the learning-curve helper)."""
     from learning_curve import plot as plot_curves
 
     runs = []
@@ -186,11 +188,13 @@ def plot(report: dict, path: Path) -> None:
         for p in run["per_step"]:
             elapsed += p["time/step"] or 0.0
             seconds[p["step"]] = round(elapsed, 1)
-        for split in ("train", "heldout"):
-            runs.append({"algorithm": f"seed {run['seed']}, {split} questions (greedy)",
+        for key, label in (("train_sampled", "training questions, T=1"), ("train_greedy", "training questions, greedy"),
+                           ("heldout_sampled", "held-out questions, T=1")):
+            runs.append({"algorithm": f"seed {run['seed']}, {label}",
                          "curve": [{"step": c["step"], "train_seconds": seconds.get(c["step"], elapsed),
-                                    "accuracy": c[f"{split}_greedy"]["accuracy"]} for c in run["curve"]]})
-    plot_curves(runs, path, f"{RECIPE.name}: citation-checked accuracy (answer present and supported)")
+                                    "accuracy": c[key]["accuracy"]} for c in run["curve"]]})
+    plot_curves(runs, path, f"{RECIPE.name}: answer present and every citation searched",
+                ylabel="citation-checked accuracy (%)")
 
 
 def summary(runs: list[dict]) -> dict:
@@ -259,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reuse", action="store_true", help="keep the seeds (and the judge part) already in --out; "
                                                          "it must have been written with the same overrides")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "retrieval.json"))
+    ap.add_argument("--replot", action="store_true", help="only redraw the PNG from the JSON at --out")
     ap.add_argument("--runs-dir", default=str(ROOT / "runs" / "retrieval-curve"))
     ap.add_argument("overrides", nargs="*", metavar="key=value", help="recipe overrides for every run")
     args = ap.parse_args(argv)
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text()), Path(args.out).with_suffix(".png"))
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 

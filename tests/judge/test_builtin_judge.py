@@ -122,7 +122,7 @@ def test_builtin_judge_agrees_with_the_rule_on_held_out_questions():
 
 def test_the_judge_declares_room_for_its_fenced_prompts_and_a_long_answer(tmp_path):
     """A held-out item's fenced pointwise prompt is about 340-410 tokens on the judge's tokenizer, but a policy's
-    answer can run to its max_new_tokens (256 in recipes/retrieval.yaml); with 512 positions grouprl serve would
+    answer can run to its max_new_tokens (384 in recipes/retrieval.yaml); with 512 positions grouprl serve would
     refuse those prompts (context_length_exceeded), so builtin:judge declares 2048 (RoPE: no weight depends on it)
     and a served judge still scores such an answer."""
     import torch
