@@ -136,3 +136,11 @@ def test_retrieval_reuse_keeps_finished_seeds_and_refuses_other_overrides(tmp_pa
     with pytest.raises(SystemExit, match=r"overrides \[\], not \['max_steps=5'\]; drop --reuse"):
         retrieval_curve._previous(out, ["max_steps=5"])
     assert retrieval_curve._previous(tmp_path / "none.json", []) is None
+
+
+def test_retrieval_replot_draws_the_png_from_the_json(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "retrieval.json"
+    out.write_text(json.dumps({"overrides": [], "runs": [fake_run(0, 0.5), fake_run(1, 0.75)]}))
+    assert retrieval_curve.main(["--replot", "--out", str(out)]) == 0
+    assert (tmp_path / "retrieval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
