@@ -62,8 +62,9 @@ def test_the_recipe_runs_with_its_own_served_judge(tmp_path, tiny_model_dir, tin
 def test_the_recipe_with_its_built_in_models(tmp_path):
     """The recipe as shipped (3 steps): the retriever writes mostly supported answers and the judge scores every
     one of them. Its agreement with the rule is not asserted: on the policy's own answers the fenced judge agreed
-    on only 0.37-0.55 over full 20-step runs (benchmarks/results/retrieval*.json; 0.659 on the held-out items of
-    tests/judge/test_builtin_judge.py), i.e. about chance, so it is a measurement, not a property."""
+    on 0.49-0.59 over full 20-step runs (recipe header, benchmarks/results/retrieval.json), where always-10 gets
+    0.65-0.69 (0.659 on the held-out items of tests/judge/test_builtin_judge.py), i.e. about chance, and its
+    random fence tags make it differ from run to run: a measurement, not a property."""
     p = _train(tmp_path, "max_steps=3", timeout=3600)
     agreement, judged, no_opinion, rule_correct, supported, _ = _summary(p.stderr)
     assert int(judged) == 3 * 32 + 2 and int(no_opinion) == 0
