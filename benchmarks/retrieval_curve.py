@@ -230,9 +230,11 @@ def _judge_part(args, previous: dict | None) -> dict:
     return judge_agreement()
 
 
-def _write(report: dict, out: Path) -> None:
+def _write(report: dict, out: Path, measured: bool = True) -> None:
+    """Write the JSON + PNG; ``measured``: a seed was just run, so the load average at the end is now's."""
     report["summary"] = summary(report["runs"])
-    report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if measured or "load_average_end" not in report:
+        report["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
     out.write_text(json.dumps(report, indent=2) + "\n")
     plot(report, out.with_suffix(".png"))
 
@@ -241,6 +243,8 @@ def run_seeds(report: dict, args, out: Path, previous: dict | None) -> None:
     """Train and evaluate each seed (or keep it from ``previous``); the report is written after every seed, so an
     interrupted run keeps what it did (and ``--reuse`` continues it)."""
     kept = {r["seed"]: r for r in (previous or {}).get("runs", [])}
+    if kept:  # the load averages span the runs that measured the seeds, not this process's re-plot
+        report.update({k: previous[k] for k in ("load_average_start", "load_average_end") if k in previous})
     report["runs"] = []
     for seed in args.seeds:
         if seed in kept:
@@ -250,7 +254,7 @@ def run_seeds(report: dict, args, out: Path, previous: dict | None) -> None:
             report["runs"].append(run_seed(seed, args))
             print(json.dumps({k: v for k, v in report["runs"][-1].items() if k != "per_step"}), file=sys.stderr,
                   flush=True)
-        _write(report, out)
+        _write(report, out, measured=seed not in kept)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -121,7 +121,8 @@ def fake_run(seed: int, acc: float) -> dict:
 
 def test_retrieval_reuse_keeps_finished_seeds_and_refuses_other_overrides(tmp_path, monkeypatch):
     out = tmp_path / "retrieval.json"
-    out.write_text(json.dumps({"overrides": [], "judge": {"heldout": {}}, "runs": [fake_run(0, 0.25)]}))
+    out.write_text(json.dumps({"overrides": [], "judge": {"heldout": {}}, "runs": [fake_run(0, 0.25)],
+                               "load_average_start": [99.0] * 3, "load_average_end": [98.0] * 3}))
     trained = []
     monkeypatch.setattr(retrieval_curve, "run_seed", lambda seed, args: trained.append(seed) or fake_run(seed, 0.75))
     monkeypatch.setattr(retrieval_curve, "plot", lambda report, path: path.write_text("png"))
@@ -133,6 +134,14 @@ def test_retrieval_reuse_keeps_finished_seeds_and_refuses_other_overrides(tmp_pa
     written = json.loads(out.read_text())
     assert [r["seed"] for r in written["runs"]] == [0, 1]
     assert written["summary"]["train_greedy"]["after"] == [0.25, 0.75]
+    # the load averages span the measuring runs: the start is the first run's, the end now's (seed 1 ran)
+    assert written["load_average_start"] == [99.0] * 3 and written["load_average_end"] != [98.0] * 3
+    args.seeds = [0]  # nothing to run: a re-plot keeps the measured load averages as they were
+    out.write_text(json.dumps({**written, "load_average_end": [98.0] * 3}))
+    previous = retrieval_curve._previous(out, [])
+    report = {"overrides": [], "judge": previous["judge"]}
+    retrieval_curve.run_seeds(report, args, out, previous)
+    assert trained == [1] and json.loads(out.read_text())["load_average_end"] == [98.0] * 3
     with pytest.raises(SystemExit, match=r"overrides \[\], not \['max_steps=5'\]; drop --reuse"):
         retrieval_curve._previous(out, ["max_steps=5"])
     assert retrieval_curve._previous(tmp_path / "none.json", []) is None
