@@ -76,6 +76,27 @@ def test_the_server_stops_when_its_parent_dies(tiny_model_dir):
                 p.wait(timeout=10)
 
 
+def test_a_zombie_parent_counts_as_dead():
+    """A parent that died but was not reaped (a container whose PID 1 reaps nothing) still answers
+    kill(pid, 0); the watchdog must see it as gone, or the judge outlives its run."""
+    from grouprl.cmd.serve import process_alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        assert process_alive(child.pid)
+        child.kill()
+        deadline = time.monotonic() + 10
+        while process_alive(child.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert child.returncode is None  # not reaped: a zombie
+        os.kill(child.pid, 0)  # which kill(pid, 0) takes for a live process
+        assert not process_alive(child.pid)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    assert not process_alive(child.pid)
+
+
 def test_replies_are_cached_per_served_weights(tiny_model_dir, tiny_llama_dir, tmp_path):
     """Two models served under the same name ("judge") never share cached replies: the cache file is named
     after the weights the server reports (GET /health)."""

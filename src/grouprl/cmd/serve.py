@@ -91,15 +91,28 @@ def run(args: argparse.Namespace) -> int:
 
 def _watch_parent(pid: int, server, poll_s: float = 1.0) -> None:
     """Shut the server down once process ``pid`` is gone (checked every ``poll_s`` seconds)."""
-    import os
     import time
 
-    while True:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            server.shutdown()
-            return
-        except PermissionError:
-            pass
+    while process_alive(pid):
         time.sleep(poll_s)
+    server.shutdown()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running. A zombie (dead, not yet reaped: its own parent has not waited,
+    or PID 1 of a container that reaps nothing) answers ``kill(pid, 0)`` like a live process, so on Linux
+    its state in ``/proc/<pid>/stat`` is read too."""
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True  # no procfs (macOS): kill(pid, 0) is all there is
+    return state not in (b"Z", b"X")
