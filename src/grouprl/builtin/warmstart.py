@@ -33,7 +33,9 @@ Built-in names (see ``WARMSTARTS``):
   (``mask_direct_digits``: the tiny model cannot compute them). So the skill (copying) is learned from
   every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
   Its SFT stops at a quality gate rather than a step count (``copy_gate``): once 90% of unseen problems are
-  solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000.
+  solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000. An
+  attempt still below 0.05 at step 1,500 (a plateau: seed 2's first copied the expression, never the reply)
+  restarts from a new initialisation (``gate_restart_after``), at most 3 attempts.
 - ``code_repair``: a repair agent for the ``python`` environment (recipes/code_repair.yaml): view the file,
   edit one operator, run the tests, stop when they pass (:mod:`grouprl.builtin.code_demos`).
 """
