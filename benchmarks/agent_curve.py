@@ -15,7 +15,8 @@ curve to JSON and a PNG::
 ``--grid`` trains each (warm-start seed, RL seed) cell in its own process (``--jobs`` at a time, one
 thread each; warm-start seed s is ``builtin:calculator`` built with ``seed=s``, cached), writes each cell
 to ``<out>_cells/ws<W>_rl<R>.json`` (``--reuse`` keeps existing ones) and then one JSON with the per-seed
-table (held-out accuracy sampled and greedy, tool calls, before/after) and its spread, and a PNG.
+table (held-out accuracy sampled and greedy, tool calls, before/after) and its spread, the build record of
+each warm start (``warm_starts``: build seconds, SFT steps, the copy gate's attempts), and a PNG.
 The recipe's own figures (its header, docs/CHOOSING.md) are one command each::
 
     OMP_NUM_THREADS=1 python benchmarks/agent_curve.py --grid --ws-seeds 0 1 2 --rl-seeds 0 1 2 --jobs 1 \
@@ -154,6 +155,20 @@ def cell(config: str, ws_seed: int, rl_seed: int, eval_steps: int, run_dir: Path
             "greedy_env_before": greedy_runs["warm_start"]["env"], "greedy_env_after": greedy_runs["trained"]["env"], **run}
 
 
+def warm_start_info(builtin: str, ws_seed: int, sft_steps: int | None) -> dict:
+    """What the cached build of warm-start seed ``ws_seed`` recorded: build seconds, SFT steps (the final
+    attempt's and all attempts'), and per attempt its seed, steps and last gate check."""
+    from grouprl.builtin.warmstart import INFO_FILE, builtin_model_path
+
+    path = Path(builtin_model_path(builtin, seed=ws_seed, **({"sft_steps": sft_steps} if sft_steps else {})))
+    info = json.loads((path / INFO_FILE).read_text())
+    attempts = [{"seed": a["seed"], "steps": a["steps"], "last_check": a["checks"][-1] if a["checks"] else None}
+                for a in info.get("gate_attempts", [])]
+    return {"digest": info["digest"], "build_seconds": info["build_seconds"], "gate_passed": info.get("gate_passed"),
+            "sft_steps_run": info.get("sft_steps_run"), "sft_steps_total": info.get("sft_steps_total"),
+            "attempts": attempts}
+
+
 def grid(args) -> int:
     """Every (warm-start seed, RL seed) cell, ``--jobs`` processes at a time (one thread each), then one
     JSON with the per-seed table and its spread, and a PNG of before/after per cell."""
@@ -186,7 +201,9 @@ def grid(args) -> int:
              for row in rows]
     gains = [t["after"] - t["before"] for t in table]
     greedy_gains = [t["greedy_after"] - t["greedy_before"] for t in table]
-    report = {"recipe": args.config, "overrides": args.overrides, "cells": table, "cpu_count": os.cpu_count(),
+    warm_starts = {str(w): warm_start_info(args.builtin, w, args.sft_steps) for w in sorted({t["ws_seed"] for t in table})}
+    report = {"recipe": args.config, "overrides": args.overrides, "cells": table, "warm_starts": warm_starts,
+              "cpu_count": os.cpu_count(),
               "gain_min": min(gains, default=None), "gain_max": max(gains, default=None),
               "greedy_gain_min": min(greedy_gains, default=None), "greedy_gain_max": max(greedy_gains, default=None),
               "load_average_end": [round(x, 2) for x in os.getloadavg()], "runs": rows}

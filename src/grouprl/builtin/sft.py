@@ -36,9 +36,18 @@ def batch(encoded, idx, pad_id):
     return ids, attn, labels
 
 
+def plateaued(checks: list[list[float]], spec: Any) -> bool:
+    """The restart rule of a gated SFT: the last ``[step, score]`` check is the one at ``spec.gate_restart_after``
+    and its score is still below ``spec.gate_restart_below`` (the copy is learned in a sudden transition, so a
+    score that has not left ~0 by then marks a plateau, not a slow climb). ``gate_restart_after`` 0: never."""
+    return bool(spec.gate_restart_after and checks and checks[-1][0] == spec.gate_restart_after
+                and checks[-1][1] < spec.gate_restart_below)
+
+
 def sft(model, encoded, spec: Any, *, pad_id: int, gate=None) -> tuple[list[float], list[list[float]]]:
     """AdamW on the completion tokens, linear warm-up then cosine decay; returns the loss per step and the
-    ``[step, score]`` of each gate check (``gate``: ``score(model)``, stop once ``>= spec.copy_gate``)."""
+    ``[step, score]`` of each gate check (``gate``: ``score(model)``, stop once ``>= spec.copy_gate``, or
+    once :func:`plateaued`: the caller then restarts from a new initialisation)."""
     import math
 
     import torch
@@ -64,7 +73,7 @@ def sft(model, encoded, spec: Any, *, pad_id: int, gate=None) -> tuple[list[floa
             print(f"grouprl:   SFT step {step} (cap {spec.sft_steps}), loss {losses[-1]:.3f}, copy gate "
                   f"{checks[-1][1]:.2f} (stops at {spec.copy_gate:.2f}), {time.perf_counter() - start:.0f} s",
                   file=sys.stderr, flush=True)
-            if checks[-1][1] >= spec.copy_gate:
+            if checks[-1][1] >= spec.copy_gate or plateaued(checks, spec):
                 return losses, checks
         elif gate is None and step and step % every == 0:  # the build takes minutes on a CPU: say how far it is
             left = (time.perf_counter() - start) / step * (spec.sft_steps - step)

@@ -33,7 +33,9 @@ Built-in names (see ``WARMSTARTS``):
   (``mask_direct_digits``: the tiny model cannot compute them). So the skill (copying) is learned from
   every call and the policy (calling in about a quarter of samples) from a few: GRPO learns to call.
   Its SFT stops at a quality gate rather than a step count (``copy_gate``): once 90% of unseen problems are
-  solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000.
+  solved greedily after the choice to call, checked every 100 steps, at most ``sft_steps`` = 5,000. An
+  attempt still below 0.05 at step 1,500 (a plateau: seed 2's first copied the expression, never the reply)
+  restarts from a new initialisation (``gate_restart_after``), at most 3 attempts.
 - ``code_repair``: a repair agent for the ``python`` environment (recipes/code_repair.yaml): view the file,
   edit one operator, run the tests, stop when they pass (:mod:`grouprl.builtin.code_demos`).
 """
@@ -53,7 +55,7 @@ from typing import Any
 
 from grouprl.builtin.cache_check import INFO_FILE, cache_damage, file_digests
 from grouprl.builtin.cache_check import discard as _discard
-from grouprl.builtin.sft import encode, sft
+from grouprl.builtin.sft import encode, plateaued, sft
 from grouprl.errors import UnknownNameError
 
 # Bump when the build procedure changes in a way the settings do not capture. 2: the tokenizer's
@@ -118,6 +120,13 @@ class WarmStart:
     :func:`grouprl.builtin.agent_demos.copy_gate` reaches this; ``sft_steps`` is then the cap (and the
     cosine schedule's length). 0: exactly ``sft_steps`` steps."""
     gate_every: int = 100
+    gate_restart_after: int = 0
+    """With ``copy_gate``: an attempt whose gate score is still below ``gate_restart_below`` at this SFT step (a
+    multiple of ``gate_every``) is a plateau (:func:`grouprl.builtin.sft.plateaued`): the SFT starts again from a
+    new initialisation and data order (seed ``seed + 1000 x attempt``, the same demonstrations), at most
+    ``gate_attempts`` attempts in all; the last one runs to the cap. 0: never restart."""
+    gate_restart_below: float = 0.05
+    gate_attempts: int = 3
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -130,7 +139,7 @@ class WarmStart:
 
 _LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0,
                  "mask_direct_digits": False, "decision_fraction": 1.0, "max_positions": 512, "copy_gate": 0.0,
-                 "gate_every": 100}
+                 "gate_every": 100, "gate_restart_after": 0, "gate_restart_below": 0.05, "gate_attempts": 3}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
@@ -142,9 +151,11 @@ WARMSTARTS: dict[str, WarmStart] = {
     # (the policy GRPO then learns). Direct answers train "Answer: " but not digits the model cannot compute.
     # A quality gate, not a step count: where the copy is learned depends on the seed and the CPU's rounding
     # (at 2,000 fixed steps one seed of three did not copy); the SFT stops once copy_gate >= 0.9, cap 5,000.
+    # Some initialisations plateau instead (seed 2: the expression copied from step 300, the reply never by
+    # step 2,500): a gate still < 0.05 at step 1,500 restarts from a new initialisation, at most 3 attempts.
     "calculator": WarmStart(task="calculator", environment="calculator", tool_fraction=0.9, noise=0.0,
                             no_tools_fraction=0.5, sft_rows=16000, sft_steps=5000, mask_direct_digits=True,
-                            decision_fraction=0.025, copy_gate=0.9),
+                            decision_fraction=0.025, copy_gate=0.9, gate_restart_after=1500),
     # reasoning-gym basic_arithmetic, a op b with one-digit operands and + - * (recipes/reasoning_gym.yaml); every
     # demonstration is right, but half give the bare number without reasoning-gym's <answer> tag (scored 0)
     "reasoning-gym-arithmetic": WarmStart(task="reasoning_gym:basic_arithmetic", task_kwargs=dict(
@@ -206,6 +217,9 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
         tmp.chmod(0o755)
         steps = f"SFT to copy gate {spec.copy_gate:g}, <= {spec.sft_steps} steps" if spec.copy_gate else \
             f"{spec.sft_steps} SFT steps"
+        if spec.copy_gate and spec.gate_restart_after:
+            steps += (f"; a new initialisation if still < {spec.gate_restart_below:g} at step {spec.gate_restart_after},"
+                      f" {spec.gate_attempts} attempts at most")
         print(f"grouprl: building builtin:{name} (tiny Qwen2 + {steps}, once; cached in {target})",
               file=sys.stderr, flush=True)
         build_warmstart(spec, tmp, name=name)
@@ -272,7 +286,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
     import torch
 
-    from grouprl.builtin.tiny import build_tiny_model, build_tokenizer, save_tiny
+    from grouprl.builtin.tiny import build_tokenizer, save_tiny
     from grouprl.data.tasks import corpus
 
     t0 = time.perf_counter()
@@ -283,15 +297,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
             tok = build_tokenizer([p + c for p, c in reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
         else:
             tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
-        model = build_tiny_model(
-            tok,
-            hidden_size=spec.hidden_size,
-            num_layers=spec.num_layers,
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            max_position_embeddings=spec.max_positions,
-            seed=spec.seed,
-        )
+        model = _tiny_model(spec, tok, spec.seed)
         if spec.environment:
             from grouprl.builtin.agent_demos import encode_conversations
 
@@ -302,7 +308,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
             examples, demo_accuracy = sft_examples(spec)
             encoded = encode(tok, examples)
         gate = _gate(spec, tok) if spec.copy_gate else None
-        losses, checks = sft(model, encoded, spec, pad_id=tok.pad_token_id, gate=gate)
+        model, losses, checks, attempts = _train(model, tok, encoded, spec, gate)
     model.eval()
     out = save_tiny(out_dir, tok, model)
     info = {
@@ -313,13 +319,44 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         "sft_loss_first": losses[0],
         "sft_loss_last": sum(losses[-10:]) / len(losses[-10:]),
         "build_seconds": round(time.perf_counter() - t0, 1),
-        **({"sft_steps_run": len(losses), "gate": checks, "gate_passed": checks[-1][1] >= spec.copy_gate}
-           if gate else {}),
+        **({"sft_steps_run": len(losses), "gate": checks, "gate_passed": checks[-1][1] >= spec.copy_gate,
+            "sft_steps_total": sum(a["steps"] for a in attempts), "gate_attempts": attempts} if gate else {}),
         "torch": torch.__version__,
         "files": file_digests(Path(out)),
     }
     (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
+
+
+def _tiny_model(spec: WarmStart, tok, seed: int):
+    """The randomly initialised tiny Qwen2 of ``spec`` (initialisation seed ``seed``)."""
+    from grouprl.builtin.tiny import build_tiny_model
+
+    return build_tiny_model(tok, hidden_size=spec.hidden_size, num_layers=spec.num_layers, num_heads=spec.num_heads,
+                            num_kv_heads=spec.num_kv_heads, max_position_embeddings=spec.max_positions, seed=seed)
+
+
+def _train(model, tok, encoded, spec: WarmStart, gate):
+    """The SFT of ``spec``. A gated one whose attempt :func:`~grouprl.builtin.sft.plateaued` starts again from a
+    new model (seed ``spec.seed + 1000 x attempt``, that seed's data order too; the demonstrations stay those of
+    ``spec.seed``), at most ``spec.gate_attempts`` attempts, the last without the restart rule. Attempt 0 is
+    exactly the SFT without the rule, so a build that passes before ``gate_restart_after`` is unchanged by it.
+    Returns the model, the final attempt's losses and checks, and ``{"seed", "steps", "checks"}`` per attempt."""
+    attempts: list[dict] = []
+    for k in range(spec.gate_attempts if gate is not None else 1):
+        seed = spec.seed + 1000 * k
+        if k:
+            model = _tiny_model(spec, tok, seed)
+        last = gate is None or k + 1 == spec.gate_attempts
+        run = replace(spec, seed=seed, gate_restart_after=0 if last else spec.gate_restart_after)
+        losses, checks = sft(model, encoded, run, pad_id=tok.pad_token_id, gate=gate)
+        attempts.append({"seed": seed, "steps": len(losses), "checks": checks})
+        if not (gate is not None and plateaued(checks, run)):
+            break
+        print(f"grouprl: copy gate still {checks[-1][1]:.2f} < {spec.gate_restart_below:.2f} at SFT step "
+              f"{checks[-1][0]}: a plateau; restarting the SFT from a new initialisation (seed {seed + 1000}, "
+              f"attempt {k + 2} of {spec.gate_attempts})", file=sys.stderr, flush=True)
+    return model, losses, checks, attempts
 
 
 def _demos(environment: str):
@@ -339,4 +376,9 @@ def _gate(spec: WarmStart, tok):
     if not hasattr(demos, "demo_gate") or not 0 < spec.copy_gate <= 1 or spec.gate_every < 1:
         raise ValueError(f"WarmStart.copy_gate={spec.copy_gate!r} (gate_every={spec.gate_every!r}) needs a value in "
                          f"(0, 1], gate_every >= 1 and environment='calculator' (got {spec.environment!r})")
+    restart = spec.gate_restart_after
+    if spec.gate_attempts < 1 or restart < 0 or restart % spec.gate_every:
+        raise ValueError(f"WarmStart.gate_restart_after={restart!r} (gate_attempts={spec.gate_attempts!r}) needs 0 or "
+                         f"a multiple of gate_every={spec.gate_every} (a step the gate is checked at), and "
+                         f"gate_attempts >= 1")
     return demos.demo_gate(spec, tok)
