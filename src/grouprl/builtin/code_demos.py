@@ -24,9 +24,14 @@ copies the returned expression into ``edit(old=...)`` and writes it back with on
 the tests and stops once they pass (the skill: the syntax, the copying, reading ``3/3``). Which operator
 to try is NOT shown: the demonstrator picks uniformly among the three its family offers besides the wrong
 one, whatever the function's name, so the warm start is right on its first edit one time in three. After
-a failed run it edits again (another untried operator) in ``1 - spec.noise`` of the cases and stops in
-``spec.noise``; at most ``MAX_EDITS`` edits. What GRPO can learn: the operator the name asks for, and to
-edit again after a failure.
+a failed run it stops in ``spec.noise`` of the cases and edits again (another untried operator, copying
+its own previous edit into ``old``) in the others; at most ``MAX_EDITS`` edits. Editing again is a skill
+(copy the last edit, change one operator) AND a policy (edit again or stop): the skill is in every such
+demonstration, but only ``spec.decision_fraction`` of them train the turn's first token (``<tool_call>``
+rather than ``Done.``, the choice), as :mod:`grouprl.builtin.agent_demos` masks the calculator's choice to
+call. So the warm start edits again after a failure about ``(1 - noise) d / ((1 - noise) d + noise)`` of
+the time (d = decision_fraction) yet copies well when it does. What GRPO can learn: the operator the name
+asks for, and to edit again after a failure.
 """
 
 from __future__ import annotations
@@ -77,9 +82,12 @@ def _call(name: str, **arguments: str) -> str:
     return f"<tool_call>{name}({args})</tool_call>"
 
 
-def repair_conversation(row: dict, rng: random.Random, *, give_up: float, env: Any = None) -> list[dict]:
+def repair_conversation(row: dict, rng: random.Random, *, give_up: float, decide: float = 1.0,
+                        env: Any = None) -> list[dict]:
     """The messages of one demonstration for a ``code_repair`` row (module docstring): view, edit, run the
-    tests, and after a failure edit again (probability ``1 - give_up``) until they pass or ``MAX_EDITS``."""
+    tests, and after a failure edit again (probability ``1 - give_up``) until they pass or ``MAX_EDITS``.
+    Each edit after a failure trains its first token (the choice to edit again) with probability
+    ``decide``; the others are marked ``"mask_first"`` (loss mask 0 on that token)."""
     from grouprl.data.code_repair import FAMILIES, expression
 
     work = row["work"]
@@ -87,17 +95,18 @@ def repair_conversation(row: dict, rng: random.Random, *, give_up: float, env: A
     env.reset(work=work, code=row["code"], tests=row["tests"])
     messages = [dict(m) for m in row["prompt"]]
 
-    def step(content: str, name: str, result: str) -> None:
-        messages.append({"role": "assistant", "content": content})
+    def step(content: str, name: str, result: str, mask_first: bool = False) -> None:
+        messages.append({"role": "assistant", "content": content, **({"mask_first": True} if mask_first else {})})
         messages.append({"role": "tool", "name": name, "content": result})
 
     step(_call("view"), "view", env.view())
     args, current = tuple(work["args"]), work["bug"]
     untried = [o for o in FAMILIES[work["family"]] if o != current]
-    for _ in range(MAX_EDITS):
+    for k in range(MAX_EDITS):
         new = untried.pop(rng.randrange(len(untried)))
         old_text, new_text = expression(args, current), expression(args, new)
-        step(_call("edit", old=old_text, new=new_text), "edit", env.edit(old_text, new_text))
+        masked = k > 0 and decide < 1.0 and rng.random() >= decide
+        step(_call("edit", old=old_text, new=new_text), "edit", env.edit(old_text, new_text), mask_first=masked)
         current = new
         step(_call("run_tests"), "run_tests", env.run_tests())
         if env.passed == env.total or not untried or rng.random() < give_up:
@@ -116,7 +125,7 @@ def demo_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict]]], float
     tools, env = repair_tools(), demo_env_class()()
     out, fixed = [], 0
     for row in rows:
-        out.append((repair_conversation(row, rng, give_up=spec.noise, env=env), tools))
+        out.append((repair_conversation(row, rng, give_up=spec.noise, decide=spec.decision_fraction, env=env), tools))
         fixed += env.passed == env.total
     return out, fixed / len(out)
 

@@ -159,9 +159,11 @@ WARMSTARTS: dict[str, WarmStart] = {
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
     # code repair (recipes/code_repair.yaml): view, edit one operator (a random one: the policy is RL's),
-    # run the tests; after a failure 30% of the demonstrations edit again, 70% (noise) stop
-    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=500,
-                             batch_size=16),
+    # run the tests; after a failure 25% (noise) of the demonstrations stop, 75% edit again, and 15% of those
+    # train the choice to (decision_fraction): it edits again ~31% of the time but copies its last edit well.
+    # demo_version 1: FAIL_TO_PASS tests (grouprl.data.code_repair), the retry's choice masked
+    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.25, sft_rows=3000, sft_steps=500,
+                             batch_size=16, decision_fraction=0.15, demo_version=1),
 }
 
 
