@@ -108,7 +108,9 @@ class WarmStart:
     """With ``environment``: fraction of the tool-call demonstrations whose first token (``<tool_call>``,
     the choice to call) is trained; the others train only the call and the answer. Decouples the skill
     (copying, learned from every call) from the policy (how often to call, learned from a few), so a
-    warm start can copy reliably and still call rarely: the choice RL then learns."""
+    warm start can copy reliably and still call rarely: the choice RL then learns. ``"python"``: the
+    fraction of the edits after a failed test run whose first token (the choice to edit again rather than
+    stop) is trained (grouprl.builtin.code_demos)."""
     max_positions: int = 512
     """Positions the model declares (``max_position_embeddings``). RoPE has no position weights, so this
     changes no weight, only the context ``grouprl serve`` and generation allow: the judge, whose prompts
