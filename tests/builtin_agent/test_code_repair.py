@@ -122,8 +122,10 @@ def test_demonstrations_are_the_rollouts_tokens():
     assert trained.startswith("<tool_call>view()</tool_call><|im_end|><tool_call>edit(old=\"")
     assert trained.endswith("<tool_call>run_tests()</tool_call><|im_end|>Done.<|im_end|>")
     assert "tests passed" not in trained and "def " not in trained  # tool replies are never targets
-    # a retry whose choice is masked: its first token (<tool_call>) has loss mask 0, the rest of the turn 1
-    masked = [dict(m, mask_first=True) if k > 3 and "edit(" in m.get("content", "") else m
+    # a retry views the file again; with its choice masked, that view's first token (<tool_call>) has loss
+    # mask 0, the rest of the turn 1
+    assert sum(m["content"] == "<tool_call>view()</tool_call>" for m in messages if m["role"] == "assistant") >= 2
+    masked = [dict(m, mask_first=True) if k > 1 and m.get("content") == "<tool_call>view()</tool_call>" else m
               for k, m in enumerate(messages)]
     ids2, mask2 = conversation_ids(tok, masked, tools)
     assert ids2 == ids
@@ -164,14 +166,19 @@ def test_demonstration_mix_leaves_the_policy_to_rl():
         retried += len(reports) - 1  # every report but the last failed and was followed by another edit
         failed += len(reports) - 1 + (not reports[-1].startswith("3/3") and len(reports) < 3)  # + gave up
         assert turns[0] == "<tool_call>view()</tool_call>" and turns[-1] == "Done."
+        for k, m in enumerate(messages):  # one copying rule: every edit's old= is the line of the view just before
+            if m["role"] == "assistant" and m["content"].startswith("<tool_call>edit("):
+                assert messages[k - 2]["content"] == "<tool_call>view()</tool_call>"
+                shown = messages[k - 1]["content"].splitlines()[-1].split("return ")[1]
+                assert m["content"].startswith(f'<tool_call>edit(old="{shown}", ')
     # the first operator tried is right one time in three, whatever the name; 75% edit again after a failure
     assert abs(first_right / len(examples) - 1 / 3) < 0.04
     assert abs(retried / failed - (1 - spec.noise)) < 0.05
     # fixed: 1/3 + 2/3 * 0.75 * (1/2 + 1/2 * 0.75) = 0.7708 (the third operator tried is the right one)
     assert abs(fixed - 0.7708) < 0.03
-    # the choice to edit again is trained on 15% of the edits after a failure; "Done." on every stop
-    retries = [m for messages, _ in examples for m in messages[4:]
-               if m["role"] == "assistant" and "edit(" in m["content"]]
+    # the choice to go on (a second view) is trained on 15% of the turns after a failure; "Done." on every stop
+    retries = [m for messages, _ in examples for m in messages[2:]
+               if m["role"] == "assistant" and m["content"] == "<tool_call>view()</tool_call>"]
     trained = sum(not m.get("mask_first") for m in retries)
     assert abs(trained / len(retries) - spec.decision_fraction) < 0.03
     stops = failed - retried
