@@ -164,9 +164,11 @@ WARMSTARTS: dict[str, WarmStart] = {
     # run the tests; after a failure 25% (noise) of the demonstrations stop, 75% edit again, and 15% of those
     # train the choice to (decision_fraction): it edits again ~31% of the time but copies its last edit well.
     # demo_version 2: FAIL_TO_PASS tests (grouprl.data.code_repair); a retry views the file again first, and
-    # that view's first token (the choice) is masked in 85% (1 built without the second view miscopied its edits)
+    # that view's first token (the choice) is masked in 85% (1 built without the second view miscopied its edits).
+    # vocab_size 450 (the BPE saturates at 441): every argument pair is tokenized alike; at 400 "i * j" became
+    # i, " ", *, " j" but "a * b" a, " ", *, " ", b, and that warm start dropped or miscopied operators
     "code_repair": WarmStart(task="code_repair", environment="python", noise=0.25, sft_rows=3000, sft_steps=500,
-                             batch_size=16, decision_fraction=0.15, demo_version=2),
+                             batch_size=16, decision_fraction=0.15, demo_version=2, vocab_size=450),
 }
 
 
