@@ -62,12 +62,16 @@ def test_generator_rows_splits_and_errors():
     test = generate_rows("code_repair", "test", n=100, seed=0)
     assert not {r["key"] for r in train} & {r["key"] for r in test}
     assert generate_rows("code_repair", "test", n=100, seed=0) == test  # deterministic
-    # FAIL_TO_PASS: every test of every row fails on the buggy file; every other wrong operator fails one
-    for r in train + test:
+    assert all(not all(passes(r["work"], r["work"]["bug"])) for r in train + test)  # every bug is caught
+    # fail_to_pass: every test of every row fails on the buggy file; every other wrong operator fails one
+    f2p = generate_rows("code_repair", "train", n=300, seed=0, fail_to_pass=True) + \
+        generate_rows("code_repair", "test", n=100, seed=0, fail_to_pass=True)
+    for r in f2p:
         w = r["work"]
         assert not any(passes(w, w["bug"])) and all(passes(w, w["op"]))
         assert all(not all(passes(w, o)) for o in FAMILIES[w["family"]] if o != w["op"])
-    assert {r["work"]["bug"] for r in train if r["work"]["name"] == "less"} == {">"}
+    assert {r["work"]["bug"] for r in f2p if r["work"]["name"] == "less"} == {">"}
+    assert any(any(passes(r["work"], r["work"]["bug"])) for r in train)  # the default keeps partial credit
     assert set(load_task("code_repair", "test", n=5).column_names) == {"prompt", "code", "tests", "answer"}
     with pytest.raises(DataError, match="functions must be among"):
         make_code_repair(random.Random(0), functions=["div"])
@@ -80,7 +84,7 @@ def test_catchable_bugs_hand_derived():
     assert catchable_bugs("<", "compare") == [">"] and catchable_bugs(">", "compare") == ["<"]
     assert catchable_bugs("==", "compare") == ["<", ">", "!="] and catchable_bugs("!=", "compare") == ["=="]
     assert catchable_bugs("+", "arith") == ["-", "*", "%"]
-    row = make_code_repair(random.Random(5), functions=["less"])
+    row = make_code_repair(random.Random(5), functions=["less"], fail_to_pass=True)
     assert row["work"]["bug"] == ">" and not any(passes(row["work"], ">"))
 
 
@@ -89,6 +93,12 @@ def test_generator_tests_catch_the_bug_in_the_sandbox(sandbox_settings):
     from grouprl.envs import CodeRepairEnv
 
     for row in generate_rows("code_repair", "test", n=8, seed=3):
+        env = CodeRepairEnv()
+        env.reset(code=row["code"], tests=row["tests"])
+        assert env.get_reward() == sum(passes(row["work"], row["work"]["bug"])) / 3 < 1
+        env.write(row["answer"])
+        assert env.get_reward() == 1.0
+    for row in generate_rows("code_repair", "test", n=8, seed=3, fail_to_pass=True):
         env = CodeRepairEnv()
         env.reset(code=row["code"], tests=row["tests"])
         assert env.get_reward() == 0.0  # FAIL_TO_PASS: the unedited file passes none of its tests
@@ -122,15 +132,17 @@ def test_demonstrations_are_the_rollouts_tokens():
     assert trained.startswith("<tool_call>view()</tool_call><|im_end|><tool_call>edit(old=\"")
     assert trained.endswith("<tool_call>run_tests()</tool_call><|im_end|>Done.<|im_end|>")
     assert "tests passed" not in trained and "def " not in trained  # tool replies are never targets
-    # a retry views the file again; with its choice masked, that view's first token (<tool_call>) has loss
-    # mask 0, the rest of the turn 1
-    assert sum(m["content"] == "<tool_call>view()</tool_call>" for m in messages if m["role"] == "assistant") >= 2
-    masked = [dict(m, mask_first=True) if k > 1 and m.get("content") == "<tool_call>view()</tool_call>" else m
-              for k, m in enumerate(messages)]
+    # review=True: a retry views the file again; decide=0: that view's first token (<tool_call>, the choice to
+    # go on) has loss mask 0, the rest of the turn 1
+    reviewed = code_demos.repair_conversation(_retrying_row(), random.Random(3), give_up=0.0, review=True)
+    views = [k for k, m in enumerate(reviewed) if m["role"] == "assistant" and m["content"] == "<tool_call>view()</tool_call>"]
+    assert len(views) >= 2 and all(reviewed[k + 2]["content"].startswith("<tool_call>edit(") for k in views)
+    ids1, mask1 = conversation_ids(tok, reviewed, tools)
+    masked = [dict(m, mask_first=True) if k in views[1:] else m for k, m in enumerate(reviewed)]
     ids2, mask2 = conversation_ids(tok, masked, tools)
-    assert ids2 == ids
-    untrained = [k for k, (a, b) in enumerate(zip(mask, mask2)) if a != b]
-    assert untrained and all(tok.decode([ids[k]]) == "<tool_call>" and mask2[k] == 0 for k in untrained)
+    assert ids2 == ids1
+    untrained = [k for k, (a, b) in enumerate(zip(mask1, mask2)) if a != b]
+    assert len(untrained) == len(views) - 1 and all(tok.decode([ids1[k]]) == "<tool_call>" for k in untrained)
 
 
 @needs_sandbox
@@ -154,8 +166,7 @@ def test_demonstrations_replay_through_the_environment_and_fix_the_bug(sandbox_s
         env.close()
 
 
-def test_demonstration_mix_leaves_the_policy_to_rl():
-    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500)
+def _mix(spec):
     examples, fixed = code_demos.demo_examples(spec)
     first_right, failed, retried = 0, 0, 0
     for messages, tools in examples:
@@ -166,38 +177,38 @@ def test_demonstration_mix_leaves_the_policy_to_rl():
         retried += len(reports) - 1  # every report but the last failed and was followed by another edit
         failed += len(reports) - 1 + (not reports[-1].startswith("3/3") and len(reports) < 3)  # + gave up
         assert turns[0] == "<tool_call>view()</tool_call>" and turns[-1] == "Done."
-        for k, m in enumerate(messages):  # one copying rule: every edit's old= is the line of the view just before
+    return examples, fixed, first_right, failed, retried
+
+
+def test_demonstration_mix_leaves_the_policy_to_rl():
+    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500)
+    examples, fixed, first_right, failed, retried = _mix(spec)
+    # the first operator tried is right one time in three, whatever the name; 30% edit again after a failure
+    assert abs(first_right / len(examples) - 1 / 3) < 0.04
+    assert abs(retried / failed - (1 - spec.noise)) < 0.05
+    assert 0.40 < fixed < 0.55
+    assert not any(m.get("mask_first") for messages, _ in examples for m in messages)  # decision_fraction 1
+
+
+def test_demonstration_options_mask_the_choice_and_view_again():
+    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500, noise=0.25, decision_fraction=0.15, demo_version=2)
+    examples, fixed, first_right, failed, retried = _mix(spec)
+    assert abs(retried / failed - 0.75) < 0.05
+    # fixed: 1/3 + 2/3 * 0.75 * (1/2 + 1/2 * 0.75) = 0.7708 (the third operator tried is the right one)
+    assert abs(fixed - 0.7708) < 0.03
+    for messages, _ in examples:  # one copying rule: every edit's old= is the line of the view just before
+        for k, m in enumerate(messages):
             if m["role"] == "assistant" and m["content"].startswith("<tool_call>edit("):
                 assert messages[k - 2]["content"] == "<tool_call>view()</tool_call>"
                 shown = messages[k - 1]["content"].splitlines()[-1].split("return ")[1]
                 assert m["content"].startswith(f'<tool_call>edit(old="{shown}", ')
-    # the first operator tried is right one time in three, whatever the name; 75% edit again after a failure
-    assert abs(first_right / len(examples) - 1 / 3) < 0.04
-    assert abs(retried / failed - (1 - spec.noise)) < 0.05
-    # fixed: 1/3 + 2/3 * 0.75 * (1/2 + 1/2 * 0.75) = 0.7708 (the third operator tried is the right one)
-    assert abs(fixed - 0.7708) < 0.03
     # the choice to go on (a second view) is trained on 15% of the turns after a failure; "Done." on every stop
-    retries = [m for messages, _ in examples for m in messages[2:]
+    goes_on = [m for messages, _ in examples for m in messages[2:]
                if m["role"] == "assistant" and m["content"] == "<tool_call>view()</tool_call>"]
-    trained = sum(not m.get("mask_first") for m in retries)
-    assert abs(trained / len(retries) - spec.decision_fraction) < 0.03
-    stops = failed - retried
-    # what SFT then learns after a failure: edit again with probability 0.75 * 0.15 / (0.75 * 0.15 + 0.25) = 0.31
-    assert abs(trained / (trained + stops) - 0.31) < 0.04
-
-
-def test_demo_tokenizer_tokenizes_every_argument_pair_alike():
-    """The copied text (the view's line, the edit's old and new) splits the same way whatever the argument
-    names, so copying is one rule for the tiny model (at vocab 400 " j" was merged but " b" was not)."""
-    from grouprl.data.code_repair import ARGUMENTS
-
-    tok = code_demos.demo_tokenizer(WARMSTARTS["code_repair"])
-    for template in ('<tool_call>edit(old="{a} {op} {b}", new="{a} {op} {b}")</tool_call>', "   2 |     return {a} {op} {b}"):
-        for op in ("+", "-", "*", "%", "<", ">", "==", "!="):
-            shapes = {tuple(len(tok.decode([i])) for i in tok.encode(template.format(a=a, b=b, op=op),
-                                                                     add_special_tokens=False))
-                      for a, b in ARGUMENTS}
-            assert len(shapes) == 1, (template, op, shapes)
+    trained = sum(not m.get("mask_first") for m in goes_on)
+    assert len(goes_on) == retried and abs(trained / len(goes_on) - 0.15) < 0.03
+    # what SFT then learns after a failure: go on with probability 0.75 * 0.15 / (0.75 * 0.15 + 0.25) = 0.31
+    assert abs(trained / (trained + failed - retried) - 0.31) < 0.04
 
 
 def test_code_repair_reward_hand_computed():

@@ -109,8 +109,8 @@ class WarmStart:
     the choice to call) is trained; the others train only the call and the answer. Decouples the skill
     (copying, learned from every call) from the policy (how often to call, learned from a few), so a
     warm start can copy reliably and still call rarely: the choice RL then learns. ``"python"``: the
-    fraction of the turns after a failed test run that go on (a new ``view()``) whose first token (the
-    choice to go on rather than stop) is trained (grouprl.builtin.code_demos)."""
+    fraction of the turns after a failed test run that go on whose first token (the choice to go on
+    rather than stop) is trained (grouprl.builtin.code_demos)."""
     max_positions: int = 512
     """Positions the model declares (``max_position_embeddings``). RoPE has no position weights, so this
     changes no weight, only the context ``grouprl serve`` and generation allow: the judge, whose prompts
@@ -161,14 +161,9 @@ WARMSTARTS: dict[str, WarmStart] = {
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
     # code repair (recipes/code_repair.yaml): view, edit one operator (a random one: the policy is RL's),
-    # run the tests; after a failure 25% (noise) of the demonstrations stop, 75% edit again, and 15% of those
-    # train the choice to (decision_fraction): it edits again ~31% of the time but copies its last edit well.
-    # demo_version 2: FAIL_TO_PASS tests (grouprl.data.code_repair); a retry views the file again first, and
-    # that view's first token (the choice) is masked in 85% (1 built without the second view miscopied its edits).
-    # vocab_size 450 (the BPE saturates at 441): every argument pair is tokenized alike; at 400 "i * j" became
-    # i, " ", *, " j" but "a * b" a, " ", *, " ", b, and that warm start dropped or miscopied operators
-    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.25, sft_rows=3000, sft_steps=500,
-                             batch_size=16, decision_fraction=0.15, demo_version=2, vocab_size=450),
+    # run the tests; after a failure 30% of the demonstrations edit again, 70% (noise) stop
+    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=500,
+                             batch_size=16),
 }
 
 

@@ -14,13 +14,16 @@ four operators of a family are wrong, so a repair that guesses is right one time
 verdicts tell a wrong guess from the right one (``0/3 tests passed.`` and the failing asserts), and the name
 tells the right operator outright.
 
-The tests are FAIL_TO_PASS tests in SWE-bench's sense (arXiv 2310.06770, Sec. 2.1): every one of them fails
-on the buggy file and passes on the repaired one, so the unedited file scores 0/3 and doing nothing earns no
-k/n. And every other wrong operator fails at least one test, so no wrong repair passes by luck; it can pass
-others by coincidence (``less(3, 3) is False`` holds for ``>`` too), so the k/n reward gives partial credit.
-A comparison bug that no such suite can catch is never drawn: ``less`` with ``==`` agrees with ``<`` on
-every case where ``!=`` disagrees (``a > b``), so its bugs are those of :func:`catchable_bugs` (``>`` only;
-``more`` ``<``; ``same`` any; ``differ`` ``==``); arithmetic bugs are all catchable.
+Every wrong operator fails at least one test (the cases are drawn so), but it can pass others by coincidence
+(``less(3, 3) is False`` holds for ``>`` too), so the k/n reward gives partial credit -- the unedited file
+included (a comparison bug passes 1 of its 3 tests by coincidence).
+
+``fail_to_pass=True`` (``dataset_kwargs: {fail_to_pass: true}``) draws FAIL_TO_PASS tests in SWE-bench's sense
+(arXiv 2310.06770, Sec. 2.1) instead: every test fails on the buggy file, so the unedited file scores 0/3,
+and every other wrong operator still fails at least one. A comparison bug that no such suite can catch is
+then never drawn: ``less`` with ``==`` agrees with ``<`` on every case where ``!=`` disagrees (``a > b``), so
+the bugs are those of :func:`catchable_bugs` (``less`` ``>`` only; ``more`` ``<``; ``same`` any; ``differ``
+``==``); arithmetic bugs are all catchable.
 
 The key is the function, its argument names, the wrong operator and the test cases, so the held-out split
 (:func:`grouprl.data.tasks.generate_rows`) shares no row with the training split -- but every function
@@ -89,6 +92,22 @@ def catchable_bugs(op: str, family: str) -> list[str]:
     return [b for b in wrong if _suite_ok(failing(b), op, b, family)]
 
 
+def _any_cases(rng: random.Random, family: str, num_tests: int) -> list[tuple[int, int]]:
+    """The default suite: every wrong operator fails at least one test (the buggy one may pass some)."""
+    if family == "compare":  # one case each of a < b, a > b and a == b first: every wrong comparison fails one
+        a, b, c = rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 9)
+        lo, hi = min(a, b), max(a, b) + (a == b)
+        kinds = [(lo, hi), (hi, lo), (c, c)]
+        rng.shuffle(kinds)
+        extra = [(rng.randint(1, 9), rng.randint(1, 9)) for _ in range(max(0, num_tests - 3))]
+        return (kinds + extra)[:num_tests]
+    while True:  # redrawn until every wrong operator fails at least one test (no repair passes by luck)
+        cases = [(rng.randint(2, 9), rng.randint(2, 9)) for _ in range(num_tests)]
+        if all(any(apply(o, *c) != apply(p, *c) for c in cases) for o in FAMILIES[family] for p in FAMILIES[family]
+               if o != p):
+            return cases
+
+
 def _cases(rng: random.Random, op: str, bug: str, family: str, num_tests: int) -> list[tuple[int, int]]:
     """``num_tests`` cases, redrawn until :func:`_suite_ok` (FAIL_TO_PASS, every wrong operator caught)."""
     for _ in range(10_000):
@@ -107,11 +126,12 @@ def _cases(rng: random.Random, op: str, bug: str, family: str, num_tests: int) -
     raise RuntimeError(f"code_repair: no {num_tests}-test suite catches {bug!r} for {op!r}")  # pragma: no cover
 
 
-def make_code_repair(rng: random.Random, *, num_tests: int = 3, functions: list[str] | None = None) -> dict[str, Any]:
-    """A one-line function with a wrong operator and ``num_tests`` FAIL_TO_PASS assert tests (module
-    docstring), for the python environment.
+def make_code_repair(rng: random.Random, *, num_tests: int = 3, functions: list[str] | None = None,
+                     fail_to_pass: bool = False) -> dict[str, Any]:
+    """A one-line function with a wrong operator and ``num_tests`` assert tests, for the python environment.
 
-    ``functions`` limits the names (default: all of :data:`FUNCTIONS`).
+    ``functions`` limits the names (default: all of :data:`FUNCTIONS`). ``fail_to_pass`` draws FAIL_TO_PASS
+    suites (module docstring: every test fails on the buggy file) and only the bugs they can catch.
 
     ``work`` keeps what the demonstrations need: the function, its arguments, the right and the wrong
     operator and the test cases (:func:`grouprl.data.tasks.load_task` drops it).
@@ -125,9 +145,9 @@ def make_code_repair(rng: random.Random, *, num_tests: int = 3, functions: list[
                         f"got functions={functions!r}, num_tests={num_tests!r}")
     name = rng.choice(names)
     op, family = FUNCTIONS[name]
-    bug = rng.choice(catchable_bugs(op, family))
+    bug = rng.choice(catchable_bugs(op, family) if fail_to_pass else [o for o in FAMILIES[family] if o != op])
     args = rng.choice(ARGUMENTS)
-    cases = _cases(rng, op, bug, family, num_tests)
+    cases = _cases(rng, op, bug, family, num_tests) if fail_to_pass else _any_cases(rng, family, num_tests)
     tests = [assert_line(name, case, apply(op, *case)) for case in cases]
     return {
         "prompt": [{"role": "user", "content": f"Fix {name} in {FILE_NAME}."}],
