@@ -100,7 +100,8 @@ class WarmStart:
     model also knows what to do when the tool is off: the baseline of the tool recipe)."""
     demo_version: int = 0
     """Bumped when a demonstration module's conversations change (``judge`` 1: each answer fenced by a
-    random tag, as the judge reward now sends it), so the cached build is rebuilt."""
+    random tag, as the judge reward now sends it), so the cached build is rebuilt. ``python`` 2: after a
+    failed test run a demonstration views the file again before it edits again (grouprl.builtin.code_demos)."""
     mask_direct_digits: bool = False
     """With ``environment``: the digits of direct answers get loss mask 0 (only the "Answer: " format and
     the end of turn are trained), so what follows "Answer:" is learned from copied tool replies alone."""
