@@ -13,7 +13,7 @@ from grouprl.builtin import code_demos
 from grouprl.builtin.agent_demos import conversation_ids
 from grouprl.builtin.tiny import build_tokenizer
 from grouprl.builtin.warmstart import WARMSTARTS
-from grouprl.data.code_repair import FAMILIES, FUNCTIONS, make_code_repair, passes
+from grouprl.data.code_repair import FAMILIES, FUNCTIONS, catchable_bugs, make_code_repair, passes
 from grouprl.data.tasks import generate_rows, load_task
 from grouprl.errors import DataError
 from grouprl.rewards.code_repair import code_repair_reward, format_score
@@ -63,9 +63,29 @@ def test_generator_rows_splits_and_errors():
     assert not {r["key"] for r in train} & {r["key"] for r in test}
     assert generate_rows("code_repair", "test", n=100, seed=0) == test  # deterministic
     assert all(not all(passes(r["work"], r["work"]["bug"])) for r in train + test)  # every bug is caught
+    # fail_to_pass: every test of every row fails on the buggy file; every other wrong operator fails one
+    f2p = generate_rows("code_repair", "train", n=300, seed=0, fail_to_pass=True) + \
+        generate_rows("code_repair", "test", n=100, seed=0, fail_to_pass=True)
+    for r in f2p:
+        w = r["work"]
+        assert not any(passes(w, w["bug"])) and all(passes(w, w["op"]))
+        assert all(not all(passes(w, o)) for o in FAMILIES[w["family"]] if o != w["op"])
+    assert {r["work"]["bug"] for r in f2p if r["work"]["name"] == "less"} == {">"}
+    assert any(any(passes(r["work"], r["work"]["bug"])) for r in train)  # the default keeps partial credit
     assert set(load_task("code_repair", "test", n=5).column_names) == {"prompt", "code", "tests", "answer"}
     with pytest.raises(DataError, match="functions must be among"):
         make_code_repair(random.Random(0), functions=["div"])
+
+
+def test_catchable_bugs_hand_derived():
+    # less (<) with bug ==: the a > b cases are the only ones where != differs from <, and there == agrees
+    # with < (both False), so no FAIL_TO_PASS suite catches != too; with bug > (differs on a < b and a > b)
+    # both a < b and a > b cases are allowed, and they catch == (a < b) and != (a > b).
+    assert catchable_bugs("<", "compare") == [">"] and catchable_bugs(">", "compare") == ["<"]
+    assert catchable_bugs("==", "compare") == ["<", ">", "!="] and catchable_bugs("!=", "compare") == ["=="]
+    assert catchable_bugs("+", "arith") == ["-", "*", "%"]
+    row = make_code_repair(random.Random(5), functions=["less"], fail_to_pass=True)
+    assert row["work"]["bug"] == ">" and not any(passes(row["work"], ">"))
 
 
 @needs_sandbox
@@ -76,6 +96,12 @@ def test_generator_tests_catch_the_bug_in_the_sandbox(sandbox_settings):
         env = CodeRepairEnv()
         env.reset(code=row["code"], tests=row["tests"])
         assert env.get_reward() == sum(passes(row["work"], row["work"]["bug"])) / 3 < 1
+        env.write(row["answer"])
+        assert env.get_reward() == 1.0
+    for row in generate_rows("code_repair", "test", n=8, seed=3, fail_to_pass=True):
+        env = CodeRepairEnv()
+        env.reset(code=row["code"], tests=row["tests"])
+        assert env.get_reward() == 0.0  # FAIL_TO_PASS: the unedited file passes none of its tests
         env.write(row["answer"])
         assert env.get_reward() == 1.0
 
@@ -106,6 +132,17 @@ def test_demonstrations_are_the_rollouts_tokens():
     assert trained.startswith("<tool_call>view()</tool_call><|im_end|><tool_call>edit(old=\"")
     assert trained.endswith("<tool_call>run_tests()</tool_call><|im_end|>Done.<|im_end|>")
     assert "tests passed" not in trained and "def " not in trained  # tool replies are never targets
+    # review=True: a retry views the file again; decide=0: that view's first token (<tool_call>, the choice to
+    # go on) has loss mask 0, the rest of the turn 1
+    reviewed = code_demos.repair_conversation(_retrying_row(), random.Random(3), give_up=0.0, review=True)
+    views = [k for k, m in enumerate(reviewed) if m["role"] == "assistant" and m["content"] == "<tool_call>view()</tool_call>"]
+    assert len(views) >= 2 and all(reviewed[k + 2]["content"].startswith("<tool_call>edit(") for k in views)
+    ids1, mask1 = conversation_ids(tok, reviewed, tools)
+    masked = [dict(m, mask_first=True) if k in views[1:] else m for k, m in enumerate(reviewed)]
+    ids2, mask2 = conversation_ids(tok, masked, tools)
+    assert ids2 == ids1
+    untrained = [k for k, (a, b) in enumerate(zip(mask1, mask2)) if a != b]
+    assert len(untrained) == len(views) - 1 and all(tok.decode([ids1[k]]) == "<tool_call>" for k in untrained)
 
 
 @needs_sandbox
@@ -129,8 +166,7 @@ def test_demonstrations_replay_through_the_environment_and_fix_the_bug(sandbox_s
         env.close()
 
 
-def test_demonstration_mix_leaves_the_policy_to_rl():
-    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500)
+def _mix(spec):
     examples, fixed = code_demos.demo_examples(spec)
     first_right, failed, retried = 0, 0, 0
     for messages, tools in examples:
@@ -141,10 +177,38 @@ def test_demonstration_mix_leaves_the_policy_to_rl():
         retried += len(reports) - 1  # every report but the last failed and was followed by another edit
         failed += len(reports) - 1 + (not reports[-1].startswith("3/3") and len(reports) < 3)  # + gave up
         assert turns[0] == "<tool_call>view()</tool_call>" and turns[-1] == "Done."
+    return examples, fixed, first_right, failed, retried
+
+
+def test_demonstration_mix_leaves_the_policy_to_rl():
+    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500)
+    examples, fixed, first_right, failed, retried = _mix(spec)
     # the first operator tried is right one time in three, whatever the name; 30% edit again after a failure
     assert abs(first_right / len(examples) - 1 / 3) < 0.04
     assert abs(retried / failed - (1 - spec.noise)) < 0.05
     assert 0.40 < fixed < 0.55
+    assert not any(m.get("mask_first") for messages, _ in examples for m in messages)  # decision_fraction 1
+
+
+def test_demonstration_options_mask_the_choice_and_view_again():
+    spec = replace(WARMSTARTS["code_repair"], sft_rows=1500, noise=0.25, decision_fraction=0.15, demo_version=2)
+    examples, fixed, first_right, failed, retried = _mix(spec)
+    assert abs(retried / failed - 0.75) < 0.05
+    # fixed: 1/3 + 2/3 * 0.75 * (1/2 + 1/2 * 0.75) = 0.7708 (the third operator tried is the right one)
+    assert abs(fixed - 0.7708) < 0.03
+    for messages, _ in examples:  # one copying rule: every edit's old= is the line of the view just before
+        for k, m in enumerate(messages):
+            if m["role"] == "assistant" and m["content"].startswith("<tool_call>edit("):
+                assert messages[k - 2]["content"] == "<tool_call>view()</tool_call>"
+                shown = messages[k - 1]["content"].splitlines()[-1].split("return ")[1]
+                assert m["content"].startswith(f'<tool_call>edit(old="{shown}", ')
+    # the choice to go on (a second view) is trained on 15% of the turns after a failure; "Done." on every stop
+    goes_on = [m for messages, _ in examples for m in messages[2:]
+               if m["role"] == "assistant" and m["content"] == "<tool_call>view()</tool_call>"]
+    trained = sum(not m.get("mask_first") for m in goes_on)
+    assert len(goes_on) == retried and abs(trained / len(goes_on) - 0.15) < 0.03
+    # what SFT then learns after a failure: go on with probability 0.75 * 0.15 / (0.75 * 0.15 + 0.25) = 0.31
+    assert abs(trained / (trained + failed - retried) - 0.31) < 0.04
 
 
 def test_code_repair_reward_hand_computed():
@@ -166,6 +230,35 @@ def test_code_repair_reward_hand_computed():
     assert code_repair_reward("Done.", model_turns=turns, tool_calls=bad, env_state=state4) == pytest.approx(
         0.5 / 3 + 0.1 * 5 / 6 + 0.25 * 0.7 + 0.15)
     assert passed_reward("Done.", env_state={}) is None and code_repair_reward("x", env_state={}) is None
+
+
+def test_code_repair_reward_on_success_options_hand_computed():
+    ok = {"error": None}
+    calls = [{"name": n, **ok} for n in ("view", "edit", "run_tests")]
+    turns = ['<tool_call>view()</tool_call>', '<tool_call>edit(old="a - b", new="a * b")</tool_call>',
+             '<tool_call>run_tests()</tool_call>', 'Done.']
+    failed = {"passed": 1, "total": 3, "edits": 1, "iterations": 1}
+    solved = {**failed, "passed": 3}
+    # a failure: efficiency 0 instead of 1 -> 0.5/3 + 0.1 + 0.15 = 0.41667; with format too: 0.5/3 + 0.15
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=failed,
+                              efficiency_on_success=True) == pytest.approx(0.5 / 3 + 0.25)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=failed, efficiency_on_success=True,
+                              format_on_success=True) == pytest.approx(0.5 / 3 + 0.15)
+    # a repair keeps every term: 1.0
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=solved,
+                              efficiency_on_success=True, format_on_success=True) == pytest.approx(1.0)
+    # answering at once ("Done.", no call) on the FAIL_TO_PASS file (0/3): 0.5 in full (format, efficiency,
+    # safety 1 each), 0.25 when efficiency pays only on success -- no better than a failed attempt (0.41667)
+    stop = {"passed": 0, "total": 3, "edits": 0, "iterations": 0}
+    assert code_repair_reward("Done.", model_turns=["Done."], tool_calls=[], env_state=stop) == pytest.approx(0.5)
+    assert code_repair_reward("Done.", model_turns=["Done."], tool_calls=[], env_state=stop,
+                              efficiency_on_success=True) == pytest.approx(0.25)
+    # without the accuracy term (the recipe: the environment adds k/n) success is still read: 0.25 vs 0.5
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=failed, include_accuracy=False,
+                              efficiency_on_success=True) == pytest.approx(0.25)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=solved, include_accuracy=False,
+                              efficiency_on_success=True) == pytest.approx(0.5)
+    assert code_repair_reward("x", env_state={}, include_accuracy=False, efficiency_on_success=True) is None
 
 
 @needs_sandbox

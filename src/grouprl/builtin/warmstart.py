@@ -102,7 +102,8 @@ class WarmStart:
     model also knows what to do when the tool is off: the baseline of the tool recipe)."""
     demo_version: int = 0
     """Bumped when a demonstration module's conversations change (``judge`` 1: each answer fenced by a
-    random tag, as the judge reward now sends it), so the cached build is rebuilt."""
+    random tag, as the judge reward now sends it), so the cached build is rebuilt. ``python`` 2: after a
+    failed test run a demonstration views the file again before it edits again (grouprl.builtin.code_demos)."""
     mask_direct_digits: bool = False
     """With ``environment``: the digits of direct answers get loss mask 0 (only the "Answer: " format and
     the end of turn are trained), so what follows "Answer:" is learned from copied tool replies alone."""
@@ -110,7 +111,9 @@ class WarmStart:
     """With ``environment``: fraction of the tool-call demonstrations whose first token (``<tool_call>``,
     the choice to call) is trained; the others train only the call and the answer. Decouples the skill
     (copying, learned from every call) from the policy (how often to call, learned from a few), so a
-    warm start can copy reliably and still call rarely: the choice RL then learns."""
+    warm start can copy reliably and still call rarely: the choice RL then learns. ``"python"``: the
+    fraction of the turns after a failed test run that go on whose first token (the choice to go on
+    rather than stop) is trained (grouprl.builtin.code_demos)."""
     max_positions: int = 512
     """Positions the model declares (``max_position_embeddings``). RoPE has no position weights, so this
     changes no weight, only the context ``grouprl serve`` and generation allow: the judge, whose prompts

@@ -21,6 +21,13 @@ code_reward_config`), scored on the trajectory rather than on one text::
   held to ``max_tokens`` (1024);
 - safety: :func:`grouprl.rewards.safety.safety_reward` on the model's turns and every call that ran.
 
+``efficiency_on_success=True`` pays the efficiency term only on a trajectory whose final file passes every
+test (k/n = 1), 0 otherwise, as length/efficiency penalties are applied only to correct responses in Kimi
+k1.5 (arXiv 2501.12599, Sec. 2.3.3): the efficiency of a failed repair is meaningless, and paying it in
+full rewards doing nothing -- answering at once (0 tool calls) earns format 1, efficiency 1 and safety 1,
+so stopping is never worse than a failed attempt. ``format_on_success=True`` does the same for the format
+term. With both, a failure earns at most 0.5 k/n + 0.15 safety and a repair 1.0.
+
 ``include_accuracy=False`` leaves the accuracy term out (0.10 f + 0.25 e + 0.15 s): for a run whose
 environment adds its k/n to the total itself (the trainer adds ``get_reward()``, TRL's rule), so that with
 ``reward_weights: [2.0]`` the total is ``k/n + 2 (0.10 f + 0.25 e + 0.15 s)``, exactly twice the template's
@@ -77,7 +84,8 @@ def format_score(model_turns: list | None, tool_calls: list | None) -> float:
 
 @REWARDS.register("code_repair")
 def code_repair_reward(completion: str, *, answer=None, include_accuracy: bool = True, max_edits: int = 3,
-                       max_iterations: int = 5, model_turns: list | None = None, tool_calls: list | None = None,
+                       max_iterations: int = 5, efficiency_on_success: bool = False, format_on_success: bool = False,
+                       model_turns: list | None = None, tool_calls: list | None = None,
                        env_state: Any = None, environments: Any = None, **meta) -> float | None:
     """The code template's weighted total on a repair trajectory (0.5 k/n + 0.1 format + 0.25 efficiency + 0.15 safety).
 
@@ -93,19 +101,25 @@ def code_repair_reward(completion: str, *, answer=None, include_accuracy: bool =
     1.0
     >>> round(code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state={**state, "passed": 1}), 6)
     0.666667
+    >>> round(code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state={**state, "passed": 1},
+    ...                          efficiency_on_success=True), 6)
+    0.416667
     """
     cfg = code_reward_config
     state = env_state if isinstance(env_state, dict) else {}
     turns = model_turns if model_turns is not None else [completion]
-    efficiency = efficiency_reward(completion, cfg.expected_steps, cfg.max_tokens, tool_calls=tool_calls or [],
-                                   model_turns=turns, env_state=state, max_edits=max_edits,
-                                   max_iterations=max_iterations)
-    rest = (cfg.format_weight * format_score(turns, tool_calls) + cfg.efficiency_weight * efficiency
+    needs_accuracy = include_accuracy or efficiency_on_success or format_on_success
+    accuracy = _final_file_score(environments, state) if needs_accuracy else None
+    if needs_accuracy and accuracy is None:
+        return None
+    solved = accuracy is not None and accuracy >= 1.0
+    efficiency = 0.0 if efficiency_on_success and not solved else efficiency_reward(
+        completion, cfg.expected_steps, cfg.max_tokens, tool_calls=tool_calls or [], model_turns=turns,
+        env_state=state, max_edits=max_edits, max_iterations=max_iterations)
+    fmt = 0.0 if format_on_success and not solved else format_score(turns, tool_calls)
+    rest = (cfg.format_weight * fmt + cfg.efficiency_weight * efficiency
             + cfg.safety_weight * safety_reward(completion, tool_calls=tool_calls or [], model_turns=turns))
-    if not include_accuracy:
-        return rest
-    accuracy = _final_file_score(environments, state)
-    return None if accuracy is None else cfg.accuracy_weight * accuracy + rest
+    return cfg.accuracy_weight * accuracy + rest if include_accuracy else rest
 
 
 # fixed options (make_reward_func, reward_kwargs) must be named parameters: **meta only takes dataset columns
