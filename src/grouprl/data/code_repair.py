@@ -110,16 +110,15 @@ def _any_cases(rng: random.Random, family: str, num_tests: int) -> list[tuple[in
 
 def _cases(rng: random.Random, op: str, bug: str, family: str, num_tests: int) -> list[tuple[int, int]]:
     """``num_tests`` cases, redrawn until :func:`_suite_ok` (FAIL_TO_PASS, every wrong operator caught)."""
+    def case() -> tuple[int, int]:
+        if family != "compare":
+            return rng.randint(2, 9), rng.randint(2, 9)
+        a, b = rng.randint(1, 8), rng.randint(1, 8)  # a < b, a > b or a == b, each with fresh numbers
+        kind = rng.randrange(3)
+        lo, hi = min(a, b), max(a, b) + (a == b)
+        return ((lo, hi), (hi, lo), (a, a))[kind]
+
     for _ in range(10_000):
-        if family == "compare":  # a < b, a > b or a == b, each with fresh numbers
-            def case() -> tuple[int, int]:
-                a, b = rng.randint(1, 8), rng.randint(1, 8)
-                kind = rng.randrange(3)
-                lo, hi = min(a, b), max(a, b) + (a == b)
-                return ((lo, hi), (hi, lo), (a, a))[kind]
-        else:
-            def case() -> tuple[int, int]:
-                return rng.randint(2, 9), rng.randint(2, 9)
         cases = [case() for _ in range(num_tests)]
         if _suite_ok(cases, op, bug, family):
             return cases
