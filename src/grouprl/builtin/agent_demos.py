@@ -156,18 +156,26 @@ def copy_gate(spec: Any, tok: Any, n: int = 64):
     copied -- is the model's argmax at every trained token after the first (``<tool_call>``, the choice to
     call, which RL learns). Teacher-forced argmax at every token is exactly greedy decoding, so the score is
     the fraction of problems a model that decides to call solves greedily: the skill RL needs."""
+    checked = []
+    for row in gate_rows(spec, n):
+        ids, mask = conversation_ids(tok, tool_conversation(row, call=True), TOOLS[spec.environment])
+        first = mask.index(1)
+        checked.append((ids, [0] * (first + 1) + mask[first + 1:]))
+    return argmax_gate(tok, checked)
+
+
+def argmax_gate(tok: Any, checked: list[tuple[list[int], list[int]]]):
+    """``score(model)``: the fraction of the ``(ids, check)`` rows whose every token with check 1 is the model's
+    argmax given the tokens before it (teacher-forced argmax at every token is exactly greedy decoding)."""
     import torch
 
-    encoded = [conversation_ids(tok, tool_conversation(row, call=True), TOOLS[spec.environment])
-               for row in gate_rows(spec, n)]
-    width = max(len(ids) for ids, _ in encoded)
-    ids = torch.full((len(encoded), width), tok.pad_token_id, dtype=torch.long)
-    checked = torch.zeros((len(encoded), width), dtype=torch.bool)
-    for r, (seq, mask) in enumerate(encoded):
+    width = max(len(ids) for ids, _ in checked)
+    ids = torch.full((len(checked), width), tok.pad_token_id, dtype=torch.long)
+    check = torch.zeros((len(checked), width), dtype=torch.bool)
+    for r, (seq, flags) in enumerate(checked):
         ids[r, : len(seq)] = torch.tensor(seq)
-        first = mask.index(1)
-        checked[r, first + 1: len(seq)] = torch.tensor(mask[first + 1:], dtype=torch.bool)
-    attn = (torch.arange(width)[None, :] < torch.tensor([len(s) for s, _ in encoded])[:, None]).long()
+        check[r, : len(seq)] = torch.tensor(flags, dtype=torch.bool)
+    attn = (torch.arange(width)[None, :] < torch.tensor([len(s) for s, _ in checked])[:, None]).long()
 
     def score(model) -> float:
         was_training = model.training
@@ -175,7 +183,7 @@ def copy_gate(spec: Any, tok: Any, n: int = 64):
         with torch.no_grad():
             pred = model(input_ids=ids, attention_mask=attn).logits[:, :-1].argmax(-1)
         model.train(was_training)
-        right = (pred == ids[:, 1:]) | ~checked[:, 1:]
+        right = (pred == ids[:, 1:]) | ~check[:, 1:]
         return float(right.all(dim=1).float().mean())
 
     return score

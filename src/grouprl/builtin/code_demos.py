@@ -43,6 +43,7 @@ import random
 from typing import Any
 
 MAX_EDITS = 3  # the code template's "<= 3 file edits"
+_PASSED = tuple(f"{n}/{n} tests passed" for n in range(1, 100))
 FINAL = "Done."
 
 
@@ -86,13 +87,14 @@ def _call(name: str, **arguments: str) -> str:
 
 
 def repair_conversation(row: dict, rng: random.Random, *, give_up: float, decide: float = 1.0, review: bool = False,
-                        env: Any = None) -> list[dict]:
+                        hint: float = 0.0, env: Any = None) -> list[dict]:
     """The messages of one demonstration for a ``code_repair`` row (module docstring): view, edit, run the
     tests, and after a failure edit again (probability ``1 - give_up``) until they pass or ``MAX_EDITS``.
     With ``review`` each edit after a failure follows a new ``view()`` (and copies from it; without, it copies
     its own previous ``new``). The first turn after a failure that goes on (that view, or the edit) trains
     its first token (the choice to go on) with probability ``decide``; the others are marked
-    ``"mask_first"`` (loss mask 0 on that token)."""
+    ``"mask_first"`` (loss mask 0 on that token). With ``hint > 0`` the first edit writes the operator the
+    function's name asks for with probability ``hint`` (and otherwise a uniform one of the three, as without)."""
     from grouprl.data.code_repair import FAMILIES, expression
 
     work = row["work"]
@@ -111,7 +113,10 @@ def repair_conversation(row: dict, rng: random.Random, *, give_up: float, decide
         masked = k > 0 and decide < 1.0 and rng.random() >= decide  # the choice to go on, untrained
         if k and review:  # after a failure: view the file again, then copy from that view
             step(_call("view"), "view", env.view(), mask_first=masked)
-        new = untried.pop(rng.randrange(len(untried)))
+        if k == 0 and hint > 0 and rng.random() < hint:  # no draw without a hint: the built-in's chats stay as they were
+            new = untried.pop(untried.index(work["op"]))
+        else:
+            new = untried.pop(rng.randrange(len(untried)))
         old_text, new_text = expression(args, current), expression(args, new)
         step(_call("edit", old=old_text, new=new_text), "edit", env.edit(old_text, new_text),
              mask_first=masked and not review)
@@ -134,7 +139,7 @@ def demo_examples(spec: Any) -> tuple[list[tuple[list[dict], list[dict]]], float
     out, fixed = [], 0
     for row in rows:
         out.append((repair_conversation(row, rng, give_up=spec.noise, decide=spec.decision_fraction,
-                                        review=spec.demo_version >= 2, env=env), tools))
+                                        review=spec.demo_version >= 2, hint=spec.hint, env=env), tools))
         fixed += env.passed == env.total
     return out, fixed / len(out)
 
@@ -151,3 +156,57 @@ def demo_tokenizer(spec: Any):
     conversations, _ = demo_examples(replace(spec, sft_rows=600))
     texts = [_render(base, messages, tools, False) for messages, tools in conversations]
     return build_tokenizer(texts, vocab_size=spec.vocab_size)
+
+
+def repair_gate(spec: Any, tok: Any, n: int = 64):
+    """The code-repair warm start's quality gate (``copy_gate``): ``score(model)`` = the fraction of ``n`` unseen
+    training files whose demonstrated repair -- editing again after every failed run, up to ``MAX_EDITS`` -- is
+    the model's argmax at every trained token but the POLICY's: the operator each edit writes in ``new`` and the
+    first token of each turn after a failed run (going on rather than answering). What is checked is the SKILL
+    RL needs: the calls' syntax, ``old`` copied from the view or from the previous edit, the arguments of
+    ``new``, running the tests after an edit, and stopping once they pass (as
+    :func:`grouprl.builtin.agent_demos.copy_gate` checks the calculator's copies)."""
+    from grouprl.builtin.agent_demos import argmax_gate, conversation_ids, gate_rows
+
+    rng = random.Random(f"gate|{spec.seed}")
+    tools, env = repair_tools(), demo_env_class()()
+    checked = []
+    for row in gate_rows(spec, n):
+        messages = repair_conversation(row, rng, give_up=0.0, env=env)
+        ids, mask = conversation_ids(tok, messages, tools)
+        checked.append((ids, _skill_flags(tok, messages, ids, mask)))
+    return argmax_gate(tok, checked)
+
+
+def _skill_flags(tok: Any, messages: list[dict], ids: list[int], mask: list[int]) -> list[int]:
+    """``mask`` with 0 on the policy tokens of :func:`repair_gate`: each trained run of ``mask`` is one assistant
+    turn (in order); in an edit, the tokens that overlap the operator of ``new`` (from the end of its first
+    argument to the start of its second); in a turn after a failed run, the first token."""
+    flags, k = list(mask), 0
+    for at, turn in enumerate(messages):
+        if turn["role"] != "assistant":
+            continue
+        while not mask[k]:
+            k += 1
+        end = k
+        while end < len(mask) and mask[end]:
+            end += 1
+        before = messages[at - 1]
+        if before.get("name") == "run_tests" and not before["content"].startswith(_PASSED):
+            flags[k] = 0
+        if "edit(" in turn["content"]:
+            text = tok.decode(ids[k:end])
+            offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            if len(offsets) != end - k:
+                raise ValueError("code repair gate: an edit turn does not re-tokenize to its own tokens")
+            value = text.index('new="') + len('new="')
+            lo = value + text[value:].index(" ")  # [lo, hi): " op" of "a op b"
+            hi = text.rindex(" ", lo, value + text[value:].index('"'))
+            for j, (a, b) in enumerate(offsets):
+                if a < hi and b > lo:
+                    flags[k + j] = 0
+        k = end
+    return flags
+
+
+demo_gate = repair_gate

@@ -130,6 +130,11 @@ class WarmStart:
     ``gate_attempts`` attempts in all; the last one runs to the cap. 0: never restart."""
     gate_restart_below: float = 0.05
     gate_attempts: int = 3
+    hint: float = 0.0
+    """``"python"``: the probability that a demonstration's first edit writes the operator the function's name
+    asks for (otherwise one of the three candidates at random, the right one included), so the warm start is
+    right on its first edit ``hint + (1 - hint) / 3`` of the time and its choice already depends on the name
+    -- the prior GRPO sharpens (grouprl.builtin.code_demos). 0: the choice ignores the name."""
 
     def digest(self) -> str:
         settings = asdict(self)
@@ -142,7 +147,8 @@ class WarmStart:
 
 _LATER_FIELDS = {"environment": "", "tool_fraction": 0.0, "no_tools_fraction": 0.0, "demo_version": 0,
                  "mask_direct_digits": False, "decision_fraction": 1.0, "max_positions": 512, "copy_gate": 0.0,
-                 "gate_every": 100, "gate_restart_after": 0, "gate_restart_below": 0.05, "gate_attempts": 3}
+                 "gate_every": 100, "gate_restart_after": 0, "gate_restart_below": 0.05, "gate_attempts": 3,
+                 "hint": 0.0}
 
 
 WARMSTARTS: dict[str, WarmStart] = {
@@ -176,6 +182,10 @@ WARMSTARTS: dict[str, WarmStart] = {
     # run the tests; after a failure 30% of the demonstrations edit again, 70% (noise) stop
     "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=500,
                              batch_size=16),
+    "code_repair_x1": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=3000,
+                                batch_size=16, copy_gate=0.9),
+    "code_repair_x2": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=3000,
+                                batch_size=16, copy_gate=0.9, hint=0.25),
 }
 
 
@@ -378,7 +388,7 @@ def _gate(spec: WarmStart, tok):
     demos = _demos(spec.environment) if spec.environment else None
     if not hasattr(demos, "demo_gate") or not 0 < spec.copy_gate <= 1 or spec.gate_every < 1:
         raise ValueError(f"WarmStart.copy_gate={spec.copy_gate!r} (gate_every={spec.gate_every!r}) needs a value in "
-                         f"(0, 1], gate_every >= 1 and environment='calculator' (got {spec.environment!r})")
+                         f"(0, 1], gate_every >= 1 and environment 'calculator' or 'python' (got {spec.environment!r})")
     restart = spec.gate_restart_after
     if spec.gate_attempts < 1 or restart < 0 or restart % spec.gate_every:
         raise ValueError(f"WarmStart.gate_restart_after={restart!r} (gate_attempts={spec.gate_attempts!r}) needs 0 or "
