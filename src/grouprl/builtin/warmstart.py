@@ -178,14 +178,12 @@ WARMSTARTS: dict[str, WarmStart] = {
                        batch_size=16, demo_version=1, max_positions=2048),
     "retriever": WarmStart(task="retrieval", environment="search", vocab_size=500, noise=0.25, sft_rows=2000,
                            sft_steps=300, batch_size=16),
-    # code repair (recipes/code_repair.yaml): view, edit one operator (a random one: the policy is RL's),
-    # run the tests; after a failure 30% of the demonstrations edit again, 70% (noise) stop
-    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=500,
-                             batch_size=16),
-    "code_repair_x1": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=3000,
-                                batch_size=16, copy_gate=0.9),
-    "code_repair_x2": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=3000,
-                                batch_size=16, copy_gate=0.9, hint=0.25),
+    # code repair (recipes/code_repair.yaml): view, edit one operator, run the tests; after a failure 30% of the
+    # demonstrations edit again, 70% (noise) stop. The first edit follows the function's name in half of them
+    # (hint 0.25: 0.25 + 0.75 / 3), the other operators a sixth each: the prior RL sharpens. A skill gate, not a step
+    # count: the SFT stops once 90% of unseen repairs (retries included) copy greedily (grouprl.builtin.code_demos)
+    "code_repair": WarmStart(task="code_repair", environment="python", noise=0.7, sft_rows=3000, sft_steps=3000,
+                             batch_size=16, copy_gate=0.9, hint=0.25),
 }
 
 
@@ -311,6 +309,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         else:
             tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
         model = _tiny_model(spec, tok, spec.seed)
+        tok = _as_loaded(tok, model)
         if spec.environment:
             from grouprl.builtin.agent_demos import encode_conversations
 
@@ -339,6 +338,23 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     }
     (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
+
+
+def _as_loaded(tok, model):
+    """The tokenizer ``AutoTokenizer.from_pretrained`` gives for the checkpoint ``tok`` and ``model`` save into,
+    so the SFT trains on the token ids RL, evaluation and serving will see. transformers picks the tokenizer
+    class from the model's config (``qwen2``: ``Qwen2Tokenizer``, whatever ``tokenizer_config.json`` names),
+    and that class brings its own pre-tokenizer: runs of spaces split differently (``"\\n   1 |"``, the
+    python environment's ``view()``), other text alike. Same vocabulary and merges."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from grouprl.builtin.tiny import save_tiny
+
+    with tempfile.TemporaryDirectory(prefix="grouprl-tok-") as tmp:
+        save_tiny(tmp, tok, model)
+        return AutoTokenizer.from_pretrained(tmp)
 
 
 def _tiny_model(spec: WarmStart, tok, seed: int):
