@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-c", "--config", default=str(ROOT / "recipes" / "code_repair.yaml"))
     ap.add_argument("--cells", nargs="+", default=["0:0", "0:1", "0:2"], metavar="WS:RL")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--builtin", default="code_repair", help="the built-in warm start the cells' WS seeds apply to")
     ap.add_argument("--eval-steps", type=int, default=None, help="held-out evaluation every N steps (default: "
                                                                   "the recipe's)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "code_repair.json"))
@@ -107,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.variants:
         part = out.with_name(f"{out.stem}_{name}.json")
         overrides = [*VARIANTS[name], *args.overrides]
-        agent_curve.main(["--grid", "-c", args.config, "--builtin", "code_repair", "--cells", *args.cells,
+        agent_curve.main(["--grid", "-c", args.config, "--builtin", args.builtin, "--cells", *args.cells,
                           "--jobs", "1", "--eval-steps", str(eval_steps), "--out", str(part),
                           "--runs-dir", f"{args.runs_dir}/{name}", *(["--reuse"] if args.reuse else []), *overrides])
         grid = json.loads(part.read_text())

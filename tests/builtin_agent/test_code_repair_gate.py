@@ -28,15 +28,17 @@ def _first_ops(spec, n=1500):
 
 
 def test_hint_zero_leaves_the_demonstrations_as_they_were():
-    spec = WARMSTARTS["code_repair"]
-    assert spec.hint == 0.0 and spec.digest() == "f5edeb06e6b4"  # the default adds no cache key (the cached build)
+    spec = replace(WARMSTARTS["code_repair"], hint=0.0)
     a, _ = code_demos.demo_examples(replace(spec, sft_rows=200))
-    rng = random.Random(f"repair|{spec.seed}")
+    rng = random.Random(f"repair|{spec.seed}")  # the demonstrations before the option: no draw for the hint
     rows = generate_rows("code_repair", "train", n=200, seed=1000)
     env = code_demos.demo_env_class()()
     b = [code_demos.repair_conversation(r, rng, give_up=spec.noise, env=env) for r in rows]
     assert [m for m, _ in a] == b
     assert replace(spec, hint=0.25).digest() != spec.digest()
+    # a spec without the later fields keeps the cache key it had before they existed (the old built-in's)
+    old = replace(WARMSTARTS["code_repair"], hint=0.0, copy_gate=0.0, sft_steps=500)
+    assert old.digest() == "f5edeb06e6b4"
 
 
 @pytest.mark.parametrize("hint", [0.25, 1.0])
@@ -109,10 +111,31 @@ def test_argmax_gate_counts_rows_whose_checked_tokens_are_all_argmax():
 def test_repair_gate_scores_a_build():
     from grouprl.builtin.warmstart import _demos, _gate, _tiny_model
 
-    spec = replace(WARMSTARTS["code_repair"], copy_gate=0.9, hidden_size=32, num_layers=1, num_heads=2,
+    spec = replace(WARMSTARTS["code_repair"], hidden_size=32, num_layers=1, num_heads=2,
                    num_kv_heads=1, vocab_size=300, sft_rows=48)
     tok = _demos("python").demo_tokenizer(replace(spec, sft_rows=48))
     score = _gate(spec, tok)
     assert score(_tiny_model(spec, tok, 0)) == 0.0  # an untrained model copies nothing
     with pytest.raises(ValueError, match="'calculator' or 'python'"):
         _gate(replace(spec, environment="search"), tok)
+
+
+def test_the_sft_trains_on_the_tokenizer_the_checkpoint_loads(tmp_path):
+    """AutoTokenizer gives a qwen2 checkpoint Qwen2Tokenizer, whose pre-tokenizer splits runs of spaces unlike the
+    tokenizer the build trains: the build's SFT uses the loaded one (warmstart._as_loaded), so a rollout sees
+    the ids the warm start learned."""
+    from transformers import AutoTokenizer
+
+    from grouprl.builtin.warmstart import _as_loaded, _tiny_model, builtin_model_path
+
+    tiny = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_rows=48, sft_steps=3,
+                batch_size=8, warmup_steps=1, copy_gate=0.0)
+    spec = replace(WARMSTARTS["code_repair"], **tiny)
+    loaded = AutoTokenizer.from_pretrained(builtin_model_path("code_repair", cache_dir=tmp_path, **tiny))
+    raw = code_demos.demo_tokenizer(spec)
+    built = _as_loaded(raw, _tiny_model(spec, raw, 0))
+    conversations, _ = code_demos.demo_examples(replace(spec, sft_rows=20))
+    # why: the build's own tokenizer is not what loads (the view's indented lines)
+    assert sum(conversation_ids(raw, m, t) != conversation_ids(loaded, m, t) for m, t in conversations) >= 10
+    assert all(conversation_ids(built, m, t) == conversation_ids(loaded, m, t) for m, t in conversations)
+    assert type(built).__name__ == type(loaded).__name__ == "Qwen2Tokenizer"

@@ -100,7 +100,7 @@ def test_gate_enters_the_cache_key_only_when_set():
 def test_a_gate_where_it_cannot_apply_is_a_clear_error(tok):
     from grouprl.builtin.warmstart import _gate
 
-    with pytest.raises(ValueError, match="environment='calculator' \\(got 'judge'\\)"):
+    with pytest.raises(ValueError, match="environment 'calculator' or 'python' \\(got 'judge'\\)"):
         _gate(replace(WARMSTARTS["judge"], copy_gate=0.9), tok)
     with pytest.raises(ValueError, match=r"copy_gate=1.5 .* needs a value in \(0, 1\]"):
         _gate(replace(SPEC, copy_gate=1.5), tok)
