@@ -88,7 +88,7 @@ def plot(report: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-c", "--config", default=str(ROOT / "recipes" / "code_repair.yaml"))
-    ap.add_argument("--cells", nargs="+", default=["0:0", "0:1", "0:2"], metavar="WS:RL")
+    ap.add_argument("--cells", nargs="+", default=["0:0", "0:1", "0:2", "1:0", "1:1", "1:2"], metavar="WS:RL")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--builtin", default="code_repair", help="the built-in warm start the cells' WS seeds apply to")
     ap.add_argument("--eval-steps", type=int, default=None, help="held-out evaluation every N steps (default: "

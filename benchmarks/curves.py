@@ -11,7 +11,7 @@ a subprocess with that script's CLI, one at a time, ``OMP_NUM_THREADS=1`` unless
 
 - ``agent_calculator``: ``agent_curve.py --grid`` over warm-start seeds 0-2 x RL seeds 0-2, ``--jobs 1``,
   held-out evaluation every 25 steps -> ``results/agent_calculator_grid.{json,png}``
-- ``code_repair``: ``code_repair_curve.py`` on cells 0:0 0:1 0:2 -> ``results/code_repair.{json,png}``
+- ``code_repair``: ``code_repair_curve.py`` on cells 0:0 0:1 0:2 1:0 1:1 1:2 -> ``results/code_repair.{json,png}``
 - ``retrieval``: ``retrieval_curve.py --judge-only`` (the built-in judge against the answer-present rule,
   ``results/retrieval_judge.json``), then ``retrieval_curve.py --judge-from`` that JSON over RL seeds 0-2
   -> ``results/retrieval.{json,png}``
@@ -64,8 +64,8 @@ CURVES: dict[str, tuple[Step, ...]] = {
                                "0", "1", "2", "--jobs", "1", "--eval-steps", "25", "--out",
                                f"{RESULTS}/agent_calculator_grid.json"), _pair("agent_calculator_grid"),
                               reuse_flag=True),),
-    "code_repair": (Step(("benchmarks/code_repair_curve.py", "--cells", "0:0", "0:1", "0:2", "--out",
-                          f"{RESULTS}/code_repair.json"), _pair("code_repair"), reuse_flag=True),),
+    "code_repair": (Step(("benchmarks/code_repair_curve.py", "--cells", "0:0", "0:1", "0:2", "1:0", "1:1", "1:2",
+                          "--out", f"{RESULTS}/code_repair.json"), _pair("code_repair"), reuse_flag=True),),
     "retrieval": (Step(("benchmarks/retrieval_curve.py", "--judge-only", "--out", f"{RESULTS}/retrieval.json"),
                        (f"{RESULTS}/retrieval_judge.json",), skip_when_done=True),
                   Step(("benchmarks/retrieval_curve.py", "--judge-from", f"{RESULTS}/retrieval_judge.json",

@@ -21,8 +21,8 @@ R = "benchmarks/results"
 EXPECTED = {
     "agent_calculator": [["benchmarks/agent_curve.py", "--grid", "--ws-seeds", "0", "1", "2", "--rl-seeds", "0", "1",
                           "2", "--jobs", "1", "--eval-steps", "25", "--out", f"{R}/agent_calculator_grid.json"]],
-    "code_repair": [["benchmarks/code_repair_curve.py", "--cells", "0:0", "0:1", "0:2", "--out",
-                     f"{R}/code_repair.json"]],
+    "code_repair": [["benchmarks/code_repair_curve.py", "--cells", "0:0", "0:1", "0:2", "1:0", "1:1", "1:2",
+                     "--out", f"{R}/code_repair.json"]],
     "retrieval": [["benchmarks/retrieval_curve.py", "--judge-only", "--out", f"{R}/retrieval.json"],
                   ["benchmarks/retrieval_curve.py", "--judge-from", f"{R}/retrieval_judge.json", "--seeds", "0", "1",
                    "2", "--out", f"{R}/retrieval.json"]],

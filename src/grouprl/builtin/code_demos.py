@@ -22,11 +22,14 @@ the sandbox (:class:`DemoRepairEnv`), and a test checks that they equal the sand
 SKILL and POLICY are separated as in the calculator warm start: every demonstration views the file,
 copies the returned expression into ``edit(old=...)`` and writes it back with one operator changed, runs
 the tests and stops once they pass (the skill: the syntax, the copying, reading ``3/3``). Which operator
-to try is NOT shown: the demonstrator picks uniformly among the three its family offers besides the wrong
-one, whatever the function's name, so the warm start is right on its first edit one time in three. After
-a failed run it edits again (another untried operator, copying its own previous edit into ``old``) in
-``1 - spec.noise`` of the cases and stops in ``spec.noise``; at most ``MAX_EDITS`` edits. What GRPO can
-learn: the operator the name asks for, and to edit again after a failure.
+to try is only hinted: with probability ``spec.hint`` the first edit writes the one the function's name asks
+for, otherwise one of the three its family offers besides the wrong one at random, so the built-in (hint
+0.25) is right on its first edit half the time (0.25 + 0.75 / 3) and its choice already depends on the
+name -- the prior GRPO sharpens. After a failed run it edits again (another untried operator, copying its
+own previous edit into ``old``) in ``1 - spec.noise`` of the cases and stops in ``spec.noise``; at most
+``MAX_EDITS`` edits. What GRPO can learn: the operator the name asks for, and to edit again after a failure.
+The SFT runs until :func:`repair_gate` (the skill, retries included, greedy on unseen files) reaches
+``spec.copy_gate``.
 
 Two options, off in the built-in ``code_repair``: ``spec.decision_fraction < 1`` trains the first token of
 only that share of the turns that go on after a failure (the choice to go on rather than answer
@@ -34,7 +37,8 @@ only that share of the turns that go on after a failure (the choice to go on rat
 demonstrations can edit again (the skill) while the warm start still goes on rarely (the policy left to
 RL); ``spec.demo_version >= 2`` views the file again before each edit after a failure, so that every edit
 copies from the view just before it. Measured (recipes/code_repair.yaml header): warm starts built with
-them (noise 0.25 or 0.5, on FAIL_TO_PASS rows) miscopied 20-40% of their edits, far more than the built-in.
+them (noise 0.25 or 0.5, on FAIL_TO_PASS rows, 500 SFT steps, before the builds trained on the tokenizer their
+checkpoint loads) miscopied 20-40% of their edits; not re-measured since.
 """
 
 from __future__ import annotations

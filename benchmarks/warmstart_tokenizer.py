@@ -1,0 +1,64 @@
+"""Does a built-in warm start's SFT see the token ids its saved checkpoint gives a rollout?
+
+transformers' ``AutoTokenizer`` gives a ``qwen2`` checkpoint ``Qwen2Tokenizer`` whatever its tokenizer_config.json
+names, and that class brings its own pre-tokenizer. For every built-in (:data:`grouprl.builtin.warmstart.WARMSTARTS`)
+this encodes all of its SFT demonstrations with the tokenizer the build trains (``build_tokenizer`` /
+``demo_tokenizer``) and with the one that loads from the checkpoint (``warmstart._as_loaded``, what the build now
+trains on) and counts the rows whose ids differ. No model is trained; prints JSON::
+
+    python benchmarks/warmstart_tokenizer.py --out benchmarks/results/warmstart_tokenizer.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def check(name: str) -> dict:
+    from grouprl.builtin import warmstart as w
+    from grouprl.builtin.agent_demos import encode_conversations
+    from grouprl.builtin.sft import encode
+    from grouprl.builtin.tiny import build_tokenizer
+    from grouprl.data.tasks import corpus
+
+    spec, t0 = w.WARMSTARTS[name], time.perf_counter()
+    if spec.environment:
+        demos = w._demos(spec.environment)
+        tok = demos.demo_tokenizer(spec)
+    elif spec.task.startswith("reasoning_gym:"):
+        tok = build_tokenizer([p + c for p, c in w.reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
+    else:
+        tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+    loaded = w._as_loaded(tok, w._tiny_model(spec, tok, spec.seed))
+    if spec.environment:
+        conversations, _ = demos.demo_examples(spec)
+        enc = getattr(demos, "demo_encode", encode_conversations)
+        a, b = enc(tok, conversations), enc(loaded, conversations)
+    else:
+        examples, _ = w.sft_examples(spec)
+        a, b = encode(tok, examples), encode(loaded, examples)
+    return {"rows": len(a), "rows_whose_ids_differ": sum(x != y for x, y in zip(a, b)),
+            "built_class": type(tok).__name__, "loaded_class": type(loaded).__name__,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grouprl.builtin.warmstart import WARMSTARTS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", default=list(WARMSTARTS), choices=list(WARMSTARTS))
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    result = {name: check(name) for name in args.only}
+    text = json.dumps(result, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
