@@ -134,3 +134,7 @@ def test_the_summary_states_held_out_tool_use_before_and_after():
     assert tool_use_line(before, after) == ("held-out tool use: tool calls per trajectory 0.65 -> 0.99, "
                                             "failed calls 0.10 -> 0.00, turns 1.60 -> 2.00")
     assert tool_use_line({"accuracy": 0.1}, {"accuracy": 0.2}) is None  # a single-turn run: no line
+    # an environment's counters per trajectory follow (the python environment's edits and test runs)
+    before.update({"env/edits": 0.81, "env/iterations": 0.8})
+    after.update({"env/edits": 1.2, "env/iterations": 1.25})
+    assert tool_use_line(before, after).endswith("turns 1.60 -> 2.00, edits 0.81 -> 1.20, iterations 0.80 -> 1.25")

@@ -316,9 +316,11 @@ def async_line(result: dict, cfg: GRPOConfig) -> str | None:
 
 
 def tool_use_line(before: dict, after: dict) -> str | None:
-    """For an agent run: held-out tool use before -> after (calls and failures per trajectory, turns)."""
+    """For an agent run: held-out tool use before -> after (calls and failures per trajectory, turns, and the
+    environment's counters per trajectory, e.g. the python environment's ``edits`` and ``iterations``)."""
     keys = (("tools/calls_per_traj", "tool calls per trajectory"), ("tools/failure_frac", "failed calls"),
             ("turns/mean", "turns"))
+    keys += tuple((k, k.split("/", 1)[1]) for k in sorted({*before, *after}) if k.startswith("env/"))
 
     def fmt(evals: dict, key: str) -> str:
         return f"{evals[key]:.2f}" if isinstance(evals.get(key), (int, float)) else "-"
