@@ -3,8 +3,8 @@
 transformers' ``AutoTokenizer`` gives a ``qwen2`` checkpoint ``Qwen2Tokenizer`` whatever its tokenizer_config.json
 names, and that class brings its own pre-tokenizer. For every built-in (:data:`grouprl.builtin.warmstart.WARMSTARTS`)
 this encodes all of its SFT demonstrations with the tokenizer the build trains (``build_tokenizer`` /
-``demo_tokenizer``) and with the one that loads from the checkpoint (``warmstart._as_loaded``, what the build now
-trains on) and counts the rows whose ids differ. No model is trained; prints JSON::
+``demo_tokenizer``) and with the one that loads from the checkpoint
+(``grouprl.builtin.tiny.loaded_tokenizer``, what the build now trains on) and counts the rows whose ids differ. No model is trained; prints JSON::
 
     python benchmarks/warmstart_tokenizer.py --out benchmarks/results/warmstart_tokenizer.json
 """
@@ -21,7 +21,7 @@ def check(name: str) -> dict:
     from grouprl.builtin import warmstart as w
     from grouprl.builtin.agent_demos import encode_conversations
     from grouprl.builtin.sft import encode
-    from grouprl.builtin.tiny import build_tokenizer
+    from grouprl.builtin.tiny import build_tokenizer, loaded_tokenizer
     from grouprl.data.tasks import corpus
 
     spec, t0 = w.WARMSTARTS[name], time.perf_counter()
@@ -32,7 +32,7 @@ def check(name: str) -> dict:
         tok = build_tokenizer([p + c for p, c in w.reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
     else:
         tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
-    loaded = w._as_loaded(tok, w._tiny_model(spec, tok, spec.seed))
+    loaded = loaded_tokenizer(tok, w._tiny_model(spec, tok, spec.seed))
     if spec.environment:
         conversations, _ = demos.demo_examples(spec)
         enc = getattr(demos, "demo_encode", encode_conversations)

@@ -122,18 +122,19 @@ def test_repair_gate_scores_a_build():
 
 def test_the_sft_trains_on_the_tokenizer_the_checkpoint_loads(tmp_path):
     """AutoTokenizer gives a qwen2 checkpoint Qwen2Tokenizer, whose pre-tokenizer splits runs of spaces unlike the
-    tokenizer the build trains: the build's SFT uses the loaded one (warmstart._as_loaded), so a rollout sees
-    the ids the warm start learned."""
+    tokenizer the build trains: the build's SFT uses the loaded one (grouprl.builtin.tiny.loaded_tokenizer), so a
+    rollout sees the ids the warm start learned."""
     from transformers import AutoTokenizer
 
-    from grouprl.builtin.warmstart import _as_loaded, _tiny_model, builtin_model_path
+    from grouprl.builtin.tiny import loaded_tokenizer
+    from grouprl.builtin.warmstart import _tiny_model, builtin_model_path
 
     tiny = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, sft_rows=48, sft_steps=3,
                 batch_size=8, warmup_steps=1, copy_gate=0.0)
     spec = replace(WARMSTARTS["code_repair"], **tiny)
     loaded = AutoTokenizer.from_pretrained(builtin_model_path("code_repair", cache_dir=tmp_path, **tiny))
     raw = code_demos.demo_tokenizer(spec)
-    built = _as_loaded(raw, _tiny_model(spec, raw, 0))
+    built = loaded_tokenizer(raw, _tiny_model(spec, raw, 0))
     conversations, _ = code_demos.demo_examples(replace(spec, sft_rows=20))
     # why: the build's own tokenizer is not what loads (the view's indented lines)
     assert sum(conversation_ids(raw, m, t) != conversation_ids(loaded, m, t) for m, t in conversations) >= 10

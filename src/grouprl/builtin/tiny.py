@@ -148,3 +148,18 @@ def make_tiny_checkpoint(path: str | Path, corpus: Iterable[str] | None = None, 
     """Build a tokenizer and a random tiny model and save both to ``path``; returns ``path``."""
     tok = build_tokenizer(corpus)
     return save_tiny(path, tok, build_tiny_model(tok, arch=arch, **kw))
+
+
+def loaded_tokenizer(tok, model):
+    """The tokenizer ``AutoTokenizer.from_pretrained`` gives for the checkpoint ``tok`` and ``model`` save into,
+    so the SFT trains on the token ids RL, evaluation and serving will see. transformers picks the tokenizer
+    class from the model's config (``qwen2``: ``Qwen2Tokenizer``, whatever ``tokenizer_config.json`` names),
+    and that class brings its own pre-tokenizer: runs of spaces split differently (``"\\n   1 |"``, the
+    python environment's ``view()``), other text alike. Same vocabulary and merges."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="grouprl-tok-") as tmp:
+        save_tiny(tmp, tok, model)
+        return AutoTokenizer.from_pretrained(tmp)

@@ -297,7 +297,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
     import torch
 
-    from grouprl.builtin.tiny import build_tokenizer, save_tiny
+    from grouprl.builtin.tiny import build_tokenizer, loaded_tokenizer, save_tiny
     from grouprl.data.tasks import corpus
 
     t0 = time.perf_counter()
@@ -309,7 +309,7 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
         else:
             tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
         model = _tiny_model(spec, tok, spec.seed)
-        tok = _as_loaded(tok, model)
+        tok = loaded_tokenizer(tok, model)
         if spec.environment:
             from grouprl.builtin.agent_demos import encode_conversations
 
@@ -338,23 +338,6 @@ def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = 
     }
     (Path(out) / INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return Path(out)
-
-
-def _as_loaded(tok, model):
-    """The tokenizer ``AutoTokenizer.from_pretrained`` gives for the checkpoint ``tok`` and ``model`` save into,
-    so the SFT trains on the token ids RL, evaluation and serving will see. transformers picks the tokenizer
-    class from the model's config (``qwen2``: ``Qwen2Tokenizer``, whatever ``tokenizer_config.json`` names),
-    and that class brings its own pre-tokenizer: runs of spaces split differently (``"\\n   1 |"``, the
-    python environment's ``view()``), other text alike. Same vocabulary and merges."""
-    import tempfile
-
-    from transformers import AutoTokenizer
-
-    from grouprl.builtin.tiny import save_tiny
-
-    with tempfile.TemporaryDirectory(prefix="grouprl-tok-") as tmp:
-        save_tiny(tmp, tok, model)
-        return AutoTokenizer.from_pretrained(tmp)
 
 
 def _tiny_model(spec: WarmStart, tok, seed: int):
