@@ -2,9 +2,9 @@
 
 transformers' ``AutoTokenizer`` gives a ``qwen2`` checkpoint ``Qwen2Tokenizer`` whatever its tokenizer_config.json
 names, and that class brings its own pre-tokenizer. For every built-in (:data:`grouprl.builtin.warmstart.WARMSTARTS`)
-this encodes all of its SFT demonstrations with the tokenizer the build trains (``build_tokenizer`` /
-``demo_tokenizer``) and with the one that loads from the checkpoint
-(``grouprl.builtin.tiny.loaded_tokenizer``, what the build now trains on) and counts the rows whose ids differ. No model is trained; prints JSON::
+this encodes all of its SFT demonstrations with the tokenizer the build trains (``warmstart.built_tokenizer``)
+and with the one that loads from the checkpoint (``grouprl.builtin.tiny.loaded_tokenizer``, what the build now
+trains on) and counts the rows whose ids differ. No model is trained; prints JSON::
 
     python benchmarks/warmstart_tokenizer.py --out benchmarks/results/warmstart_tokenizer.json
 """
@@ -19,27 +19,12 @@ from pathlib import Path
 
 def check(name: str) -> dict:
     from grouprl.builtin import warmstart as w
-    from grouprl.builtin.agent_demos import encode_conversations
-    from grouprl.builtin.sft import encode
-    from grouprl.builtin.tiny import build_tokenizer, loaded_tokenizer
-    from grouprl.data.tasks import corpus
+    from grouprl.builtin.tiny import loaded_tokenizer
 
     spec, t0 = w.WARMSTARTS[name], time.perf_counter()
-    if spec.environment:
-        demos = w._demos(spec.environment)
-        tok = demos.demo_tokenizer(spec)
-    elif spec.task.startswith("reasoning_gym:"):
-        tok = build_tokenizer([p + c for p, c in w.reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
-    else:
-        tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+    tok = w.built_tokenizer(spec)
     loaded = loaded_tokenizer(tok, w._tiny_model(spec, tok, spec.seed))
-    if spec.environment:
-        conversations, _ = demos.demo_examples(spec)
-        enc = getattr(demos, "demo_encode", encode_conversations)
-        a, b = enc(tok, conversations), enc(loaded, conversations)
-    else:
-        examples, _ = w.sft_examples(spec)
-        a, b = encode(tok, examples), encode(loaded, examples)
+    a, b = w.sft_encoded(spec, tok)[0], w.sft_encoded(spec, loaded)[0]
     return {"rows": len(a), "rows_whose_ids_differ": sum(x != y for x, y in zip(a, b)),
             "built_class": type(tok).__name__, "loaded_class": type(loaded).__name__,
             "seconds": round(time.perf_counter() - t0, 1)}

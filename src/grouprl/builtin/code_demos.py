@@ -47,7 +47,6 @@ import random
 from typing import Any
 
 MAX_EDITS = 3  # the code template's "<= 3 file edits"
-_PASSED = tuple(f"{n}/{n} tests passed" for n in range(1, 100))
 FINAL = "Done."
 
 
@@ -196,7 +195,7 @@ def _skill_flags(tok: Any, messages: list[dict], ids: list[int], mask: list[int]
         while end < len(mask) and mask[end]:
             end += 1
         before = messages[at - 1]
-        if before.get("name") == "run_tests" and not before["content"].startswith(_PASSED):
+        if before.get("name") == "run_tests" and not _all_passed(before["content"]):
             flags[k] = 0
         if "edit(" in turn["content"]:
             text = tok.decode(ids[k:end])
@@ -211,6 +210,12 @@ def _skill_flags(tok: Any, messages: list[dict], ids: list[int], mask: list[int]
                     flags[k + j] = 0
         k = end
     return flags
+
+
+def _all_passed(report: str) -> bool:
+    """Whether a ``run_tests()`` reply reports every test passed (``"3/3 tests passed."``)."""
+    done, _, total = report.split(" tests passed", 1)[0].partition("/")
+    return done.isdigit() and done == total
 
 
 demo_gate = repair_gate

@@ -5,6 +5,7 @@ its own data collation, logging and checkpointing into a build that must be bit-
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -97,3 +98,18 @@ def sft(model, encoded, spec: Any, *, pad_id: int, gate=None) -> tuple[list[floa
                   f"{checks[-1][1]:.2f} < {spec.copy_gate:.2f}; RL may have little signal (raise sft_steps)",
                   file=sys.stderr, flush=True)
     return losses, checks
+
+
+@contextlib.contextmanager
+def deterministic_torch(threads: int):
+    """Fixed thread count and deterministic kernels for the duration of the block, then restored."""
+    import torch
+
+    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old_threads)
+        torch.use_deterministic_algorithms(old_det)

@@ -42,7 +42,6 @@ Built-in names (see ``WARMSTARTS``):
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -55,7 +54,7 @@ from typing import Any
 
 from grouprl.builtin.cache_check import INFO_FILE, cache_damage, file_digests
 from grouprl.builtin.cache_check import discard as _discard
-from grouprl.builtin.sft import encode, plateaued, sft
+from grouprl.builtin.sft import deterministic_torch, encode, plateaued, sft
 from grouprl.errors import UnknownNameError
 
 # Bump when the build procedure changes in a way the settings do not capture. 2: the tokenizer's
@@ -237,21 +236,6 @@ def builtin_model_path(name: str, cache_dir: str | os.PathLike | None = None, **
     return str(target)
 
 
-@contextlib.contextmanager
-def _deterministic_torch(threads: int):
-    """Fixed thread count and deterministic kernels for the duration of the block, then restored."""
-    import torch
-
-    old_threads, old_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old_threads)
-        torch.use_deterministic_algorithms(old_det)
-
-
 def reasoning_gym_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
     """``(question, "<answer>A</answer>")`` demonstrations of a reasoning-gym task (``task:
     "reasoning_gym:<name>"``, ``task_kwargs`` its config), ``noise`` of them with a plausible wrong answer and
@@ -293,32 +277,42 @@ def sft_examples(spec: WarmStart) -> tuple[list[tuple[str, str]], float]:
     return examples, right / len(examples)
 
 
+def built_tokenizer(spec: WarmStart):
+    """The tokenizer the build trains for ``spec`` (before :func:`grouprl.builtin.tiny.loaded_tokenizer`)."""
+    from grouprl.builtin.tiny import build_tokenizer
+    from grouprl.data.tasks import corpus
+
+    if spec.environment:
+        return _demos(spec.environment).demo_tokenizer(spec)
+    if spec.task.startswith("reasoning_gym:"):  # the tokenizer learns the demonstrations' own text
+        return build_tokenizer([p + c for p, c in reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
+    return build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+
+
+def sft_encoded(spec: WarmStart, tok) -> tuple[list[tuple[list[int], list[int]]], float]:
+    """The SFT rows of ``spec`` as ``(ids, loss mask)`` under ``tok``, and the demonstrations' accuracy."""
+    if not spec.environment:
+        examples, demo_accuracy = sft_examples(spec)
+        return encode(tok, examples), demo_accuracy
+    from grouprl.builtin.agent_demos import encode_conversations
+
+    demos = _demos(spec.environment)
+    conversations, demo_accuracy = demos.demo_examples(spec)
+    return getattr(demos, "demo_encode", encode_conversations)(tok, conversations), demo_accuracy
+
+
 def build_warmstart(spec: WarmStart, out_dir: str | os.PathLike, *, name: str = "custom") -> Path:
     """Build tokenizer + tiny model, run the short SFT of ``spec`` and ``save_pretrained`` into ``out_dir``."""
     import torch
 
-    from grouprl.builtin.tiny import build_tokenizer, loaded_tokenizer, save_tiny
-    from grouprl.data.tasks import corpus
+    from grouprl.builtin.tiny import loaded_tokenizer, save_tiny
 
     t0 = time.perf_counter()
-    with _deterministic_torch(spec.threads):
-        if spec.environment:
-            tok = _demos(spec.environment).demo_tokenizer(spec)
-        elif spec.task.startswith("reasoning_gym:"):  # the tokenizer learns the demonstrations' own text
-            tok = build_tokenizer([p + c for p, c in reasoning_gym_examples(spec)[0]], vocab_size=spec.vocab_size)
-        else:
-            tok = build_tokenizer(corpus(spec.task), vocab_size=spec.vocab_size)
+    with deterministic_torch(spec.threads):
+        tok = built_tokenizer(spec)
         model = _tiny_model(spec, tok, spec.seed)
         tok = loaded_tokenizer(tok, model)
-        if spec.environment:
-            from grouprl.builtin.agent_demos import encode_conversations
-
-            demos = _demos(spec.environment)
-            conversations, demo_accuracy = demos.demo_examples(spec)
-            encoded = getattr(demos, "demo_encode", encode_conversations)(tok, conversations)
-        else:
-            examples, demo_accuracy = sft_examples(spec)
-            encoded = encode(tok, examples)
+        encoded, demo_accuracy = sft_encoded(spec, tok)
         gate = _gate(spec, tok) if spec.copy_gate else None
         model, losses, checks, attempts = _train(model, tok, encoded, spec, gate)
     model.eval()
