@@ -16,7 +16,7 @@ from grouprl.builtin.warmstart import WARMSTARTS
 from grouprl.data.code_repair import FAMILIES, FUNCTIONS, catchable_bugs, make_code_repair, passes
 from grouprl.data.tasks import generate_rows, load_task
 from grouprl.errors import DataError
-from grouprl.rewards.code_repair import code_repair_reward, format_score
+from grouprl.rewards.code_repair import code_repair_reward, ended_cleanly, format_score
 from grouprl.rewards.code_repair import tests_passed_reward as passed_reward
 from grouprl.sandbox import configure, detect
 from grouprl.sandbox.config import current
@@ -260,6 +260,45 @@ def test_code_repair_reward_on_success_options_hand_computed():
     assert code_repair_reward("Done.", model_turns=turns, tool_calls=calls, env_state=solved, include_accuracy=False,
                               efficiency_on_success=True) == pytest.approx(0.5)
     assert code_repair_reward("x", env_state={}, include_accuracy=False, efficiency_on_success=True) is None
+
+
+def test_clean_success_pays_efficiency_only_for_a_tested_repair_hand_computed():
+    ok = {"error": None}
+    solved = {"passed": 3, "total": 3, "edits": 1, "iterations": 1}
+    clean = [{"name": n, **ok} for n in ("view", "edit", "run_tests")]
+    turns = ['<tool_call>view()</tool_call>', '<tool_call>edit(old="a - b", new="a * b")</tool_call>',
+             '<tool_call>run_tests()</tool_call>', 'Done.']
+    opts = {"efficiency_on_success": True, "clean_success": True}
+    # a clean repair keeps every term: 1.0 (0.5 without accuracy)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=clean, env_state=solved, end_reason="answered",
+                              **opts) == pytest.approx(1.0)
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=clean, env_state=solved, end_reason="answered",
+                              include_accuracy=False, **opts) == pytest.approx(0.5)
+    # the hack: the right edit, then a broken call instead of run_tests (the rollout stops on its tool-error
+    # budget of 2).
+    hack_turns = turns[:2] + ["<tool_call>run_.", "<tool_call>run_ vi"]
+    hack_calls = clean[:2] + [{"name": None, "error": "malformed"}] * 2
+    # 2 malformed of 4 turns: format 1/2; 4 calls, 1 over the 3 allowed: efficiency 0.9.
+    # Without clean_success: 0.5 + 0.05 + 0.25 * 0.9 + 0.15 = 0.925
+    assert code_repair_reward("x", model_turns=hack_turns, tool_calls=hack_calls, env_state={**solved, "iterations": 0},
+                              end_reason="tool_error_budget", efficiency_on_success=True) == pytest.approx(0.925)
+    # with it: efficiency 0 -> 0.5 + 0.05 + 0.15 = 0.70
+    assert code_repair_reward("x", model_turns=hack_turns, tool_calls=hack_calls, env_state={**solved, "iterations": 0},
+                              end_reason="tool_error_budget", **opts) == pytest.approx(0.70)
+    # the right edit and "Done." without a test run: format 1, efficiency 0 -> 0.5 + 0.1 + 0.15 = 0.75
+    untested = ["<tool_call>view()</tool_call>", turns[1], "Done."]
+    assert code_repair_reward("Done.", model_turns=untested, tool_calls=clean[:2], env_state=solved,
+                              end_reason="answered", **opts) == pytest.approx(0.75)
+    # tested, then edited again and stopped without testing that edit: not clean
+    assert not ended_cleanly(clean + [{"name": "edit", **ok}], "answered")
+    # a failed edit after the passing run changes nothing: still clean
+    assert ended_cleanly(clean + [{"name": "edit", "error": "exception"}], "answered")
+    # cut by the token budget or the turn limit: not clean, whatever the calls
+    assert not ended_cleanly(clean, "max_tokens") and not ended_cleanly(clean, "max_turns")
+    # a failed repair is unchanged by the option (efficiency is 0 either way): 0.5/3 + 0.1 + 0.15
+    failed = {**solved, "passed": 1}
+    assert code_repair_reward("Done.", model_turns=turns, tool_calls=clean, env_state=failed, end_reason="answered",
+                              **opts) == pytest.approx(0.5 / 3 + 0.25)
 
 
 @needs_sandbox

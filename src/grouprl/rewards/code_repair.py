@@ -28,6 +28,15 @@ full rewards doing nothing -- answering at once (0 tool calls) earns format 1, e
 so stopping is never worse than a failed attempt. ``format_on_success=True`` does the same for the format
 term. With both, a failure earns at most 0.5 k/n + 0.15 safety and a repair 1.0.
 
+``clean_success=True`` counts a repair as a success for those two options only when it also ended cleanly
+(:func:`ended_cleanly`): the model answered (``end_reason`` ``answered``), none of its calls was malformed,
+named an unknown tool or had invalid arguments, and it ran the tests after its last edit. Without it, a policy
+that makes the right edit and then writes a broken call instead of testing keeps nearly all of a clean
+repair's reward (k/n is scored on the final file whatever follows; one bad turn of four costs 0.025 of
+format), and RL drifts there: in recipes/code_repair.yaml one seed pair stopped running the tests at all. The
+agent's own check of its work is the behaviour the code template pays efficiency for (SWE-agent, arXiv
+2405.15793, and SWE-bench agents end on a passing test run).
+
 ``include_accuracy=False`` leaves the accuracy term out (0.10 f + 0.25 e + 0.15 s): for a run whose
 environment adds its k/n to the total itself (the trainer adds ``get_reward()``, TRL's rule), so that with
 ``reward_weights: [2.0]`` the total is ``k/n + 2 (0.10 f + 0.25 e + 0.15 s)``, exactly twice the template's
@@ -44,6 +53,8 @@ from grouprl.rewards.efficiency import efficiency_reward
 from grouprl.rewards.safety import safety_reward
 
 _FORMAT_ERRORS = ("malformed", "unknown_tool", "bad_arguments")
+_EDIT_TOOLS = ("edit", "write")
+_TEST_TOOL = "run_tests"
 
 
 def _final_file_score(environments: Any, env_state: Any) -> float | None:
@@ -82,11 +93,33 @@ def format_score(model_turns: list | None, tool_calls: list | None) -> float:
     return max(0.0, (len(turns) - min(bad, len(turns))) / len(turns))
 
 
+def ended_cleanly(tool_calls: list | None, end_reason: str | None = None) -> bool:
+    """Whether a repair trajectory ended as a finished repair: it answered (``end_reason`` ``"answered"``;
+    unknown counts as answered), no call was malformed, named an unknown tool or had invalid arguments, and a
+    test run (``run_tests`` that ran) came after its last applied ``edit`` / ``write`` (no edit: nothing to
+    check).
+
+    >>> ok = {"error": None}
+    >>> ended_cleanly([{"name": "edit", **ok}, {"name": "run_tests", **ok}], "answered")
+    True
+    >>> ended_cleanly([{"name": "edit", **ok}, {"name": None, "error": "malformed"}], "tool_error_budget")
+    False
+    >>> ended_cleanly([{"name": "run_tests", **ok}, {"name": "edit", **ok}], "answered")  # edited after its last run
+    False
+    """
+    calls = list(tool_calls or [])
+    if end_reason not in (None, "", "answered") or any(c.get("error") in _FORMAT_ERRORS for c in calls):
+        return False
+    edits = [i for i, c in enumerate(calls) if c.get("name") in _EDIT_TOOLS and c.get("error") is None]
+    return not edits or any(c.get("name") == _TEST_TOOL and c.get("error") is None for c in calls[edits[-1] + 1:])
+
+
 @REWARDS.register("code_repair")
 def code_repair_reward(completion: str, *, answer=None, include_accuracy: bool = True, max_edits: int = 3,
                        max_iterations: int = 5, efficiency_on_success: bool = False, format_on_success: bool = False,
-                       model_turns: list | None = None, tool_calls: list | None = None,
-                       env_state: Any = None, environments: Any = None, **meta) -> float | None:
+                       clean_success: bool = False, model_turns: list | None = None, tool_calls: list | None = None,
+                       end_reason: str | None = None, env_state: Any = None, environments: Any = None,
+                       **meta) -> float | None:
     """The code template's weighted total on a repair trajectory (0.5 k/n + 0.1 format + 0.25 efficiency + 0.15 safety).
 
     See the module docstring; ``None`` when the accuracy is unknown (see :func:`tests_passed_reward`) and
@@ -112,7 +145,7 @@ def code_repair_reward(completion: str, *, answer=None, include_accuracy: bool =
     accuracy = _final_file_score(environments, state) if needs_accuracy else None
     if needs_accuracy and accuracy is None:
         return None
-    solved = accuracy is not None and accuracy >= 1.0
+    solved = accuracy is not None and accuracy >= 1.0 and (not clean_success or ended_cleanly(tool_calls, end_reason))
     efficiency = 0.0 if efficiency_on_success and not solved else efficiency_reward(
         completion, cfg.expected_steps, cfg.max_tokens, tool_calls=tool_calls or [], model_turns=turns,
         env_state=state, max_edits=max_edits, max_iterations=max_iterations)
